@@ -1,0 +1,43 @@
+"""Numerically stable scalar building blocks shared by the hard concrete code.
+
+Everything here is elementwise, differentiable and free of ad-hoc ``eps`` fudges:
+each function is an exact rewrite of its naive form that avoids overflow and
+cancellation (see ``MATH.md`` section 1).
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def log_logistic_density(x):
+    r"""Log density of the standard logistic distribution, :math:`\log \sigma(x)\sigma(-x)`.
+
+    Written as ``-|x| - 2 softplus(-|x|)``, which never overflows and keeps full relative
+    accuracy in the tails.
+    """
+    ax = x.abs()
+    return -ax - 2.0 * F.softplus(-ax)
+
+
+def sigmoid_difference(hi, lo):
+    r""":math:`\sigma(hi) - \sigma(lo)` for ``hi >= lo`` without cancellation.
+
+    Uses :math:`\sigma(hi)\,\sigma(-lo)\,(1 - e^{lo - hi})`, which keeps full relative
+    accuracy when both sigmoids are close to 0 or to 1 (``MATH.md`` section 1).
+    """
+    return torch.sigmoid(hi) * torch.sigmoid(-lo) * -torch.expm1(lo - hi)
+
+
+def log_sigmoid_difference(hi, lo):
+    r""":math:`\log(\sigma(hi) - \sigma(lo))` for ``hi > lo``, stable in both tails."""
+    return F.logsigmoid(hi) + F.logsigmoid(-lo) + log1mexp(hi - lo)
+
+
+def log1mexp(x):
+    r""":math:`\log(1 - e^{-x})` for ``x > 0`` (Maechler's switch at :math:`\log 2`)."""
+    small = x < 0.6931471805599453
+    # Evaluate each branch on a safe argument so that the unused one cannot produce
+    # inf/nan gradients through torch.where.
+    x_small = torch.where(small, x, torch.ones_like(x))
+    x_large = torch.where(small, torch.ones_like(x), x)
+    return torch.where(small, torch.log(-torch.expm1(-x_small)), torch.log1p(-torch.exp(-x_large)))
