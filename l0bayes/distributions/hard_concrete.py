@@ -270,7 +270,10 @@ class HardConcrete(TorchDistribution):
 
     @property
     def variance(self):
-        r""":math:`\mathrm{Var}[z]` by quadrature, accurate even for nearly deterministic gates (see :meth:`moments`)."""
+        r""":math:`\mathrm{Var}[z]` by quadrature, accurate even for nearly deterministic gates.
+
+        See :meth:`moments`.
+        """
         return self._map_chunks(lambda d, n: d._moments(n)[2], None)
 
     def entropy(self, num_nodes=None):
@@ -300,7 +303,10 @@ class HardConcrete(TorchDistribution):
 
     @property
     def deterministic_gate(self):
-        r"""Eq. 13, the paper's test-time gate: :math:`\min(1, \max(0, \sigma(\log\alpha)(\zeta - \gamma) + \gamma))`."""
+        r"""Eq. 13, the paper's test-time gate.
+
+        :math:`\hat z = \min(1, \max(0, \sigma(\log\alpha)(\zeta - \gamma) + \gamma))`.
+        """
         return torch.addcmul(self.lower, self.upper - self.lower, torch.sigmoid(self.log_alpha)).clamp(0.0, 1.0)
 
     @property

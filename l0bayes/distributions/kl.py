@@ -100,7 +100,8 @@ def _stretched_log_density_at(p, q, v):
     log_left = torch.log(z - lp)
     log_right = torch.log(up - z)
     bp, ap = p.temperature.unsqueeze(-1), p.log_alpha.unsqueeze(-1)
-    return torch.log(bp) + log_logistic_density(bp * (log_left - log_right) - ap) - log_left - log_right + torch.log(up - lp)
+    log_density = torch.log(bp) + log_logistic_density(bp * (log_left - log_right) - ap)
+    return log_density - log_left - log_right + torch.log(up - lp)
 
 
 @register_kl(HardConcrete, HardConcrete)

@@ -42,7 +42,7 @@ def num_nodes_for(max_temperature, max_half_width, dtype):
     return int(min(MAX_NODES, max(MIN_NODES, math.ceil(c / math.log(rho)))))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _legendre_numpy(num_nodes):
     return np.polynomial.legendre.leggauss(num_nodes)
 

@@ -120,7 +120,7 @@ class StretchedConcrete(TorchDistribution):
         return torch.where(inside, inner, (value >= upper).to(inner.dtype))
 
     def icdf(self, value):
-        """Quantile function: :math:`\\gamma + (\\zeta - \\gamma)\\,\\sigma((\\mathrm{logit}\\,p + \\log\\alpha)/\\beta)`."""
+        r"""Quantile function, :math:`\gamma + (\zeta - \gamma)\,\sigma((\mathrm{logit}\,p + \log\alpha)/\beta)`."""
         if self._validate_args:
             _check_probability(value)
         logit_p = torch.log(value) - torch.log1p(-value)
