@@ -1,0 +1,135 @@
+"""Learnable hard concrete gates: the trainable part of every L0 layer and model."""
+
+import contextlib
+import math
+
+import pyro
+import torch
+from torch import nn
+
+from ..distributions import HardConcrete
+
+
+def log_alpha_for_inclusion(prior_inclusion, temperature=2.0 / 3.0, lower=-0.1, upper=1.1):
+    r"""The ``log_alpha`` whose gate has :math:`P(z \ne 0)` = ``prior_inclusion`` (inverts Eq. 12).
+
+    :math:`\log\alpha = \mathrm{logit}(\pi_0) + \beta \log(-\gamma/\zeta)`.
+    """
+    pi0 = torch.as_tensor(prior_inclusion, dtype=torch.get_default_dtype())
+    if not torch.all((pi0 > 0) & (pi0 < 1)):
+        raise ValueError(f"prior_inclusion must lie in (0, 1), got {prior_inclusion!r}")
+    return torch.log(pi0) - torch.log1p(-pi0) + temperature * math.log(-lower / upper)
+
+
+def gate_prior(
+    prior_inclusion=None, log_alpha=None, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, validate_args=None
+):
+    r"""A hard concrete gate prior :math:`p(z)`, from a prior inclusion probability or explicit parameters.
+
+    Give exactly one of ``prior_inclusion`` (:math:`P(z \ne 0) = \pi_0`, Appendix A: "gates being
+    active 10% of the time") or ``log_alpha``.
+    """
+    if (prior_inclusion is None) == (log_alpha is None):
+        raise ValueError("give exactly one of prior_inclusion or log_alpha")
+    if prior_inclusion is not None:
+        log_alpha = log_alpha_for_inclusion(prior_inclusion, temperature, lower, upper)
+    return HardConcrete(log_alpha, temperature, lower, upper, validate_args=validate_args)
+
+
+def init_log_alpha(num_gates, init_drop_rate=0.5, init_std=0.01, generator=None):
+    r"""The paper's initialisation: :math:`\log\alpha \sim N(\mathrm{logit}(1 - d), 0.01^2)`.
+
+    Section 4: the mean makes :math:`\alpha/(\alpha + 1)` match the network's original dropout
+    rate; as in the authors' code it is the *keep* probability ``1 - init_drop_rate``, so a
+    gate starts open with probability about ``1 - init_drop_rate`` under Eq. 13.
+    """
+    if not 0.0 < init_drop_rate < 1.0:
+        raise ValueError(f"init_drop_rate must lie in (0, 1), got {init_drop_rate!r}")
+    mean = math.log(1.0 - init_drop_rate) - math.log(init_drop_rate)
+    out = torch.empty(num_gates)
+    return out.normal_(mean, init_std, generator=generator)
+
+
+class HardConcreteGate(nn.Module):
+    r"""A vector of ``num_gates`` hard concrete gates with learnable :math:`\log\alpha` (Eq. 10-13).
+
+    Each gate is shared by a group of ``group_size`` parameters (Section 2.4). Calling the module
+    returns gate values ``z`` of shape ``(num_gates,)``:
+
+    * in ``train()`` mode a reparameterised sample (one per call, i.e. per minibatch, as in the paper);
+    * in ``eval()`` mode the test-time gate of Eq. 13;
+    * inside :func:`pyro_gates` a ``pyro.sample`` site, so the same network serves as a Pyro model
+      (the site draws from the prior) and the guide supplies :meth:`distribution`.
+    """
+
+    def __init__(
+        self, num_gates, group_size=1, init_drop_rate=0.5, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, init_std=0.01
+    ):
+        super().__init__()
+        if num_gates < 1:
+            raise ValueError(f"num_gates must be positive, got {num_gates}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        if not lower < 0 or not upper > 1:
+            raise ValueError(f"need lower < 0 < 1 < upper, got lower={lower}, upper={upper}")
+        self.num_gates = int(num_gates)
+        self.group_size = int(group_size)
+        self.temperature, self.lower, self.upper = float(temperature), float(lower), float(upper)
+        self.log_alpha = nn.Parameter(init_log_alpha(num_gates, init_drop_rate, init_std))
+        self.site_name = None  # set by pyro_gates()
+        self.prior = None
+
+    def extra_repr(self):
+        return f"num_gates={self.num_gates}, group_size={self.group_size}, temperature={self.temperature:.4g}"
+
+    def distribution(self):
+        """The variational gate distribution :math:`q(z)`: a :class:`HardConcrete` of batch ``(num_gates,)``."""
+        return HardConcrete(self.log_alpha, self.temperature, self.lower, self.upper)
+
+    def forward(self):
+        if self.site_name is not None:
+            prior = self.prior.expand(torch.Size([self.num_gates]))
+            return pyro.sample(self.site_name, prior.to_event(1))
+        if self.training:
+            return self.distribution().rsample()
+        return self.deterministic()
+
+    def deterministic(self):
+        """Eq. 13, the test-time gate."""
+        return self.distribution().deterministic_gate
+
+    def prob_nonzero(self):
+        r"""Eq. 12 per gate, :math:`q(z_g \ne 0)`."""
+        return self.distribution().prob_nonzero
+
+    def expected_l0(self):
+        r"""Eq. 16: :math:`\sum_g |g|\, q(z_g \ne 0)`, the expected number of active parameters."""
+        return self.group_size * self.prob_nonzero().sum()
+
+    def active(self):
+        """Boolean mask of the gates that are open at test time (Eq. 13 gate > 0)."""
+        return self.deterministic() > 0
+
+
+def gates_of(module):
+    """``(name, HardConcreteGate)`` pairs of a module, in registration order."""
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, HardConcreteGate)]
+
+
+@contextlib.contextmanager
+def pyro_gates(module, prior, prefix=""):
+    """Within this context every gate of ``module`` is a ``pyro.sample`` site drawing from ``prior``.
+
+    ``prior`` is a scalar-batch :class:`HardConcrete` (or a callable ``gate -> HardConcrete``);
+    site names are ``prefix + gate module name``. Used by the Bayesian (Eq. 21) models.
+    """
+    gates = gates_of(module)
+    try:
+        for name, gate in gates:
+            gate.site_name = prefix + (name or "gate")
+            gate.prior = prior(gate) if callable(prior) else prior
+        yield gates
+    finally:
+        for _, gate in gates:
+            gate.site_name = None
+            gate.prior = None
