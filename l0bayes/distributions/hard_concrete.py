@@ -3,11 +3,10 @@
 from numbers import Number
 
 import torch
-import torch.nn.functional as F
 from pyro.distributions import TorchDistribution, constraints
 from torch.distributions.utils import broadcast_all
 
-from ._stable import log_logistic_density, sigmoid_difference
+from ._stable import log_logistic_density, log_sigmoid, sigmoid_difference, softplus
 from .quadrature import gauss_legendre, map_chunks, num_nodes_for
 from .stretched_concrete import StretchedConcrete, _check_probability, standard_logistic, stretch_logit_bounds
 
@@ -122,8 +121,8 @@ class HardConcrete(TorchDistribution):
             self._validate_sample(value)
         value = torch.as_tensor(value, dtype=self.log_alpha.dtype, device=self.log_alpha.device)
         L0, L1 = self._logistic_bounds()
-        log_p0 = F.logsigmoid(L0)
-        log_p1 = F.logsigmoid(-L1)
+        log_p0 = log_sigmoid(L0)
+        log_p1 = log_sigmoid(-L1)
         inside = (value > 0) & (value < 1)
         safe = torch.where(inside, value, torch.full_like(value, 0.5))
         log_inside = self.base.log_prob(safe)
@@ -287,7 +286,7 @@ class HardConcrete(TorchDistribution):
     def _entropy(self, num_nodes):
         L0, L1 = self._logistic_bounds()
         v, w = self.continuous_quadrature(num_nodes)
-        atoms = -(torch.sigmoid(L0) * F.logsigmoid(L0) + torch.sigmoid(-L1) * F.logsigmoid(-L1))
+        atoms = -(torch.sigmoid(L0) * log_sigmoid(L0) + torch.sigmoid(-L1) * log_sigmoid(-L1))
         return atoms - (w * self._continuous_log_density(v)).sum(-1)
 
     def _continuous_log_density(self, v):
@@ -296,8 +295,8 @@ class HardConcrete(TorchDistribution):
         return (
             torch.log(b)
             + log_logistic_density(b * v - self.log_alpha.unsqueeze(-1))
-            - F.logsigmoid(v)
-            - F.logsigmoid(-v)
+            - log_sigmoid(v)
+            - log_sigmoid(-v)
             - torch.log(self.upper - self.lower).unsqueeze(-1)
         )
 
@@ -328,4 +327,4 @@ def _truncated_logistic_offset(near, far, u):
     mass = sigmoid_difference(far, near)
     c = torch.sigmoid(far) * -torch.expm1(-width)
     r = torch.sigmoid(-far) + torch.sigmoid(far) * torch.exp(-width) + c * (1.0 - u)
-    return F.softplus(-near) + torch.log(torch.sigmoid(near) + mass * u) - torch.log(r)
+    return softplus(-near) + torch.log(torch.sigmoid(near) + mass * u) - torch.log(r)

@@ -1,0 +1,294 @@
+"""One training entry point: SVI on Eq. 21, the penalised Eq. 22, or constrained sparsity (slides)."""
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyro
+import torch
+from pyro.infer import TraceMeanField_ELBO
+
+from ..utils import check_xy
+from .free_energy import free_energy
+
+OBJECTIVES = ("bayes", "penalized", "constrained")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised when a training step produces a NaN or infinite objective."""
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the trained model, the per-epoch history and the multipliers."""
+
+    model: torch.nn.Module
+    history: list = field(default_factory=list)
+    multipliers: torch.Tensor | None = None
+
+
+def resolve_device(device="auto"):
+    """``"auto"`` picks CUDA when available, else CPU."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but CUDA is not available")
+    return device
+
+
+def _check_data(model, x, y, name):
+    num_features = getattr(model, "num_features", None)
+    if y is not None and not y.is_floating_point():
+        num_classes = getattr(model, "num_classes", None)
+        if y.min() < 0 or (num_classes is not None and y.max() >= num_classes):
+            raise ValueError(f"{name} labels must lie in [0, {num_classes}), got range [{int(y.min())}, {int(y.max())}]")
+    if x.dim() == 2:
+        check_xy(x, y if y is None or y.is_floating_point() else y.to(x.dtype), num_features)
+    else:
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{name} inputs contain NaN or infinite values")
+        if y is not None and y.shape[0] != x.shape[0]:
+            raise ValueError(f"{name}: {x.shape[0]} inputs but {y.shape[0]} labels")
+
+
+def _gates(model):
+    from ..nn.gates import gates_of
+
+    return gates_of(model)
+
+
+def _constraint_values(model, per_layer):
+    """Expected density E[||z||_0] / |theta| (globally or per gated layer)."""
+    gates = _gates(model)
+    if per_layer:
+        return torch.stack([g.expected_l0() / (g.num_gates * g.group_size) for _, g in gates])
+    total = sum(g.num_gates * g.group_size for _, g in gates)
+    return (sum(g.expected_l0() for _, g in gates) / total).reshape(1)
+
+
+def _rng_state():
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def _error_rate(model, x, y, batch_size, device):
+    if y is None or y.is_floating_point():
+        return None
+    was_training = model.training
+    model.eval()
+    wrong = 0
+    with torch.no_grad():
+        for i in range(0, x.shape[0], batch_size):
+            xb = x[i : i + batch_size].to(device)
+            pred = model(xb)
+            pred = pred.argmax(-1) if pred.dim() > 1 else (pred > 0).long()
+            wrong += int((pred.cpu() != y[i : i + batch_size]).sum())
+    model.train(was_training)
+    return wrong / x.shape[0]
+
+
+def train(
+    model,
+    x,
+    y,
+    objective="bayes",
+    epochs=10,
+    batch_size=100,
+    lr=1e-3,
+    device="auto",
+    seed=0,
+    test_data=None,
+    target_density=None,
+    per_layer=False,
+    multiplier_lr=1.0,
+    checkpoint=None,
+    resume=False,
+    progress=True,
+    input_shape=None,
+):
+    r"""Train a sparse model with minibatch Adam.
+
+    :param model: a module with ``model(x, y, num_data)`` and ``guide(x, y, num_data)`` (the
+        models in :mod:`l0bayes.models`). If it also has ``penalized_loss`` (e.g.
+        :class:`~l0bayes.models.SparseClassifier`), that fast path is used for the penalised and
+        constrained objectives.
+    :param x, y: the full training set (tensors); minibatches of ``batch_size`` are drawn each epoch
+        and the data term is scaled by ``N/B`` (``pyro.plate`` subsampling).
+    :param str objective: ``"bayes"``: SVI on the free energy of Eq. 21 with
+        ``TraceMeanField_ELBO`` (analytic gate KL, code cost as a factor); ``"penalized"``:
+        Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to expected density
+        :math:`E\|z\|_0 / |\theta| \le \epsilon` (``target_density``), by gradient descent on the model
+        and projected gradient ascent on the multiplier(s) :math:`\mu \ge 0` (one global or one
+        per gated layer with ``per_layer=True``).
+    :param device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
+    :param int seed: seeds torch, numpy and Python; runs are reproducible.
+    :param test_data: optional ``(x_test, y_test)``; the test error is recorded each epoch.
+    :param checkpoint: path of a checkpoint written at the end of every epoch; with ``resume=True``
+        training continues from it exactly (same next steps, bit for bit, on the same machine).
+    :param input_shape: input shape (without batch) for the expected FLOPs of a gated network.
+    :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
+        L0, expected FLOPs, test error, multipliers and constraint values, wall time).
+    :raises NonFiniteLossError: when the objective becomes NaN or infinite.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if objective == "constrained":
+        if target_density is None or not 0.0 < float(target_density) <= 1.0:
+            raise ValueError(f"constrained training needs target_density in (0, 1], got {target_density!r}")
+    if int(epochs) < 0 or int(batch_size) < 1 or not lr > 0:
+        raise ValueError("epochs must be >= 0, batch_size >= 1 and lr > 0")
+    if not torch.is_tensor(x) or (y is not None and not torch.is_tensor(y)):
+        raise TypeError("x and y must be torch tensors")
+    if y is not None and y.shape[0] != x.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]}")
+    _check_data(model, x, y, "training")
+    if test_data is not None:
+        _check_data(model, test_data[0], test_data[1], "test")
+
+    device = resolve_device(device)
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    model.to(device)
+    num_data = x.shape[0]
+    batch_size = min(int(batch_size), num_data)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    elbo = TraceMeanField_ELBO()
+    shuffle = torch.Generator().manual_seed(seed)
+    num_constraints = len(_gates(model)) if per_layer else 1
+    multipliers = torch.zeros(num_constraints, device=device)
+    history, start_epoch = [], 0
+
+    if resume:
+        if checkpoint is None or not os.path.exists(checkpoint):
+            raise FileNotFoundError(f"cannot resume: checkpoint {checkpoint!r} does not exist")
+        state = torch.load(checkpoint, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        multipliers = state["multipliers"].to(device)
+        history = state["history"]
+        start_epoch = state["epoch"]
+        shuffle.set_state(state["shuffle"])
+        _set_rng_state(state["rng"])
+
+    fast = hasattr(model, "penalized_loss")
+    steps = math.ceil(num_data / batch_size)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=(epochs - start_epoch) * steps, desc=objective, unit="step", leave=False)
+
+    with pyro.settings.context(module_local_params=True):
+        for epoch in range(start_epoch, epochs):
+            model.train()
+            start = time.perf_counter()
+            order = torch.randperm(num_data, generator=shuffle)
+            sums = {"loss": 0.0}
+            for step in range(steps):
+                idx = order[step * batch_size : (step + 1) * batch_size]
+                xb, yb = x[idx].to(device), (None if y is None else y[idx].to(device))
+                optimizer.zero_grad(set_to_none=True)
+                if objective == "bayes":
+                    loss = elbo.differentiable_loss(model.model, model.guide, xb, yb, num_data)
+                elif fast:
+                    nll, cost = model.penalized_loss(xb, yb, num_data)
+                    loss = nll + cost if objective == "penalized" else nll
+                else:
+                    terms = free_energy(model.model, model.guide, xb, yb, num_data, kl=False)
+                    loss = terms.total if objective == "penalized" else terms.nll
+                if objective == "constrained":
+                    violation = _constraint_values(model, per_layer) - float(target_density)
+                    lagrangian = loss / num_data + (multipliers * violation).sum()
+                    objective_value = lagrangian
+                else:
+                    objective_value = loss / num_data
+                if not torch.isfinite(objective_value):
+                    raise NonFiniteLossError(
+                        f"non-finite objective ({float(objective_value)}) at epoch {epoch + 1}, step {step + 1}; "
+                        "lower the learning rate or check the data"
+                    )
+                objective_value.backward()
+                optimizer.step()
+                if objective == "constrained":
+                    # Projected gradient ascent on the multipliers (d Lagrangian / d mu = violation).
+                    with torch.no_grad():
+                        multipliers = (multipliers + multiplier_lr * violation.detach()).clamp_(min=0.0)
+                sums["loss"] += float(loss.detach())
+                if bar is not None:
+                    bar.update(1)
+            record = _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size)
+            record["wall_s"] = time.perf_counter() - start
+            if objective == "constrained":
+                record["multipliers"] = multipliers.tolist()
+                record["constraint"] = _constraint_values(model, per_layer).detach().tolist()
+                record["target_density"] = float(target_density)
+            if test_data is not None:
+                record["test_error"] = _error_rate(model, test_data[0], test_data[1], 1000, device)
+            if input_shape is not None:
+                record.update(_flops_record(model, input_shape))
+            history.append(record)
+            if bar is not None:
+                bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("free_energy", "test_error")})
+            if checkpoint is not None:
+                _save(checkpoint, model, optimizer, multipliers, history, epoch + 1, shuffle)
+    if bar is not None:
+        bar.close()
+    return TrainResult(model=model, history=history, multipliers=multipliers)
+
+
+def _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size):
+    """Every free-energy term, evaluated on one minibatch-free pass-free estimate (a fixed subset)."""
+    record = {"epoch": epoch + 1, "mean_loss": sums["loss"] / steps}
+    rng_state = torch.get_rng_state()
+    take = min(num_data, max(batch_size, 1000))
+    with torch.no_grad():
+        xb, yb = x[:take].to(device), None if y is None else y[:take].to(device)
+        terms = free_energy(model.model, model.guide, xb, yb, num_data, kl=(objective == "bayes"))
+    torch.set_rng_state(rng_state)
+    record.update(terms.as_dict())
+    gates = _gates(model)
+    record["expected_l0"] = float(sum(g.expected_l0() for _, g in gates).detach())
+    record["active_gates"] = [int(g.active().sum()) for _, g in gates]
+    return record
+
+
+def _flops_record(model, input_shape):
+    try:
+        from ..nn import prune
+    except ImportError:  # pragma: no cover
+        return {}
+    net = getattr(model, "net", model)
+    with torch.no_grad():
+        return {"expected_flops": float(prune.expected_flops(net, input_shape))}
+
+
+def _save(path, model, optimizer, multipliers, history, epoch, shuffle):
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "multipliers": multipliers.cpu(),
+        "history": history,
+        "epoch": epoch,
+        "shuffle": shuffle.get_state(),
+        "rng": _rng_state(),
+    }
+    tmp = f"{path}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)

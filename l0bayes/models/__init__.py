@@ -1,0 +1,5 @@
+"""Sparse models: spike-and-slab regression with hard concrete gates."""
+
+from .regression import SparseLinearRegression, SparseLogisticRegression
+
+__all__ = ["SparseLinearRegression", "SparseLogisticRegression"]

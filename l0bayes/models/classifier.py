@@ -1,0 +1,94 @@
+"""A gated neural network as a Bayesian classifier (Eq. 21) or a penalised one (Eq. 9, 22)."""
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from pyro.nn import PyroModule
+
+from ..nn.gates import gate_prior, gates_of, pyro_gates
+
+
+class SparseClassifier(PyroModule):
+    r"""Wraps a network whose gates are :class:`~l0bayes.nn.HardConcreteGate` modules.
+
+    * ``model(x, y, num_data)``: every gate is a ``pyro.sample`` site drawing from the gate prior,
+      the code cost :math:`\lambda_l \sum_g |g|\, q(z_g \ne 0)` is a ``pyro.factor``, and the labels
+      are ``Categorical(logits=net(x))`` in a plate of size ``num_data`` (scale ``N/B``).
+    * ``guide``: the gates' :math:`q(z)` with learnable ``log_alpha``; with
+      ``TraceMeanField_ELBO`` the loss is the free energy of Eq. 21 with the analytic KL (Eq. 28).
+    * :meth:`penalized_loss`: the same objective without the KL (Eq. 22 = N times Eq. 9), computed
+      directly in torch for speed.
+
+    :param net: the gated network (e.g. :class:`~l0bayes.nn.L0MLP`).
+    :param lam: code cost in nats per active parameter (``MATH.md`` section 4: the paper's
+        :math:`\lambda = 0.1/N` is ``lam = 0.1``), a float or ``{gate module name: lam}``.
+    :param float weight_decay: coefficient of the expected L2 penalty (Eq. 15/17), in nats:
+        adds ``0.5 * weight_decay * sum_g q(z_g != 0) ||theta_g||^2`` per layer via the layers'
+        ``expected_l2()`` when they provide it.
+    :param prior_inclusion: prior :math:`P(z \ne 0)` of every gate for the Bayesian objective.
+    """
+
+    def __init__(self, net, lam=0.1, weight_decay=0.0, prior_inclusion=0.5):
+        super().__init__()
+        self.net = net
+        self.lam = lam
+        self.weight_decay = float(weight_decay)
+        self.prior_inclusion = float(prior_inclusion)
+        self._gates = gates_of(net)
+        if not self._gates:
+            raise ValueError("the network has no HardConcreteGate modules")
+        if isinstance(lam, dict):
+            unknown = set(lam) - {name for name, _ in self._gates}
+            if unknown:
+                raise ValueError(f"lam names unknown gates {sorted(unknown)}; gates are {[n for n, _ in self._gates]}")
+
+    def forward(self, x):
+        return self.net(x)
+
+    def _lam(self, name):
+        if isinstance(self.lam, dict):
+            return float(self.lam.get(name, 0.0))
+        return float(self.lam)
+
+    def code_cost(self):
+        r""":math:`\sum_l \lambda_l \sum_g |g|\, q(z_g \ne 0)` plus the expected L2 term (nats)."""
+        total = 0.0
+        for name, gate in self._gates:
+            total = total + self._lam(name) * gate.expected_l0()
+        if self.weight_decay:
+            for module in self.net.modules():
+                if hasattr(module, "expected_l2"):
+                    total = total + 0.5 * self.weight_decay * module.expected_l2()
+        return total
+
+    def expected_l0(self):
+        """Expected number of active parameters in gated groups (Eq. 16)."""
+        return sum(gate.expected_l0() for _, gate in self._gates)
+
+    def num_gated_parameters(self):
+        return sum(gate.num_gates * gate.group_size for _, gate in self._gates)
+
+    def model(self, x, y=None, num_data=None):
+        num_data = x.shape[0] if num_data is None else int(num_data)
+        with pyro_gates(self.net, lambda gate: _prior_like(self.prior_inclusion, gate)):
+            logits = self.net(x)
+        pyro.factor("code_cost", -self.code_cost())
+        with pyro.plate("data", num_data, subsample=torch.arange(x.shape[0], device=x.device)):
+            return pyro.sample("obs", dist.Categorical(logits=logits), obs=y)
+
+    def guide(self, x, y=None, num_data=None):
+        for name, gate in self._gates:
+            pyro.sample(name or "gate", gate.distribution().to_event(1))
+
+    def penalized_loss(self, x, y, num_data):
+        """Eq. 22 in nats: ``num_data * mean cross-entropy + code cost`` (one gate sample per call)."""
+        logits = self.net(x)
+        nll = F.cross_entropy(logits, y, reduction="mean") * num_data
+        return nll, self.code_cost()
+
+
+def _prior_like(prior_inclusion, gate):
+    prior = gate_prior(prior_inclusion, temperature=gate.temperature, lower=gate.lower, upper=gate.upper)
+    la = gate.log_alpha
+    return type(prior)(prior.log_alpha.to(la), prior.temperature.to(la), prior.lower.to(la), prior.upper.to(la))
