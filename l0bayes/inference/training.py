@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyro
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
@@ -45,7 +44,8 @@ def _check_data(model, x, y, name):
     if y is not None and not y.is_floating_point():
         num_classes = getattr(model, "num_classes", None)
         if y.min() < 0 or (num_classes is not None and y.max() >= num_classes):
-            raise ValueError(f"{name} labels must lie in [0, {num_classes}), got range [{int(y.min())}, {int(y.max())}]")
+            low, high = int(y.min()), int(y.max())
+            raise ValueError(f"{name} labels must lie in [0, {num_classes}), got range [{low}, {high}]")
     if x.dim() == 2:
         check_xy(x, y if y is None or y.is_floating_point() else y.to(x.dtype), num_features)
     else:
@@ -117,6 +117,7 @@ def train(
     target_density=None,
     per_layer=False,
     multiplier_lr=1.0,
+    dual_restarts=True,
     checkpoint=None,
     resume=False,
     progress=True,
@@ -135,7 +136,8 @@ def train(
         Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to expected density
         :math:`E\|z\|_0 / |\theta| \le \epsilon` (``target_density``), by gradient descent on the model
         and projected gradient ascent on the multiplier(s) :math:`\mu \ge 0` (one global or one
-        per gated layer with ``per_layer=True``).
+        per gated layer with ``per_layer=True``); ``multiplier_lr`` is the ascent step and
+        ``dual_restarts`` resets a multiplier to zero whenever its constraint is satisfied.
     :param device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
     :param int seed: seeds torch, numpy and Python; runs are reproducible.
     :param test_data: optional ``(x_test, y_test)``; the test error is recorded each epoch.
@@ -195,66 +197,72 @@ def train(
 
         bar = tqdm(total=(epochs - start_epoch) * steps, desc=objective, unit="step", leave=False)
 
-    with pyro.settings.context(module_local_params=True):
-        for epoch in range(start_epoch, epochs):
-            model.train()
-            start = time.perf_counter()
-            order = torch.randperm(num_data, generator=shuffle)
-            sums = {"loss": 0.0}
-            for step in range(steps):
-                idx = order[step * batch_size : (step + 1) * batch_size]
-                xb, yb = x[idx].to(device), (None if y is None else y[idx].to(device))
-                optimizer.zero_grad(set_to_none=True)
-                if objective == "bayes":
-                    loss = elbo.differentiable_loss(model.model, model.guide, xb, yb, num_data)
-                elif fast:
-                    nll, cost = model.penalized_loss(xb, yb, num_data)
-                    loss = nll + cost if objective == "penalized" else nll
-                else:
-                    terms = free_energy(model.model, model.guide, xb, yb, num_data, kl=False)
-                    loss = terms.total if objective == "penalized" else terms.nll
-                if objective == "constrained":
-                    violation = _constraint_values(model, per_layer) - float(target_density)
-                    lagrangian = loss / num_data + (multipliers * violation).sum()
-                    objective_value = lagrangian
-                else:
-                    objective_value = loss / num_data
-                if not torch.isfinite(objective_value):
-                    raise NonFiniteLossError(
-                        f"non-finite objective ({float(objective_value)}) at epoch {epoch + 1}, step {step + 1}; "
-                        "lower the learning rate or check the data"
-                    )
-                objective_value.backward()
-                optimizer.step()
-                if objective == "constrained":
-                    # Projected gradient ascent on the multipliers (d Lagrangian / d mu = violation).
-                    with torch.no_grad():
-                        multipliers = (multipliers + multiplier_lr * violation.detach()).clamp_(min=0.0)
-                sums["loss"] += float(loss.detach())
-                if bar is not None:
-                    bar.update(1)
-            record = _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size)
-            record["wall_s"] = time.perf_counter() - start
+    for epoch in range(start_epoch, epochs):
+        model.train()
+        start = time.perf_counter()
+        order = torch.randperm(num_data, generator=shuffle)
+        sums = {"loss": 0.0}
+        for step in range(steps):
+            idx = order[step * batch_size : (step + 1) * batch_size]
+            xb, yb = x[idx].to(device), (None if y is None else y[idx].to(device))
+            optimizer.zero_grad(set_to_none=True)
+            if objective == "bayes":
+                loss = elbo.differentiable_loss(model.model, model.guide, xb, yb, num_data)
+            elif fast:
+                nll, cost = model.penalized_loss(xb, yb, num_data)
+                loss = nll + cost if objective == "penalized" else nll
+            else:
+                terms = free_energy(model.model, model.guide, xb, yb, num_data, kl=False)
+                loss = terms.total if objective == "penalized" else terms.nll
             if objective == "constrained":
-                record["multipliers"] = multipliers.tolist()
-                record["constraint"] = _constraint_values(model, per_layer).detach().tolist()
-                record["target_density"] = float(target_density)
-            if test_data is not None:
-                record["test_error"] = _error_rate(model, test_data[0], test_data[1], 1000, device)
-            if input_shape is not None:
-                record.update(_flops_record(model, input_shape))
-            history.append(record)
+                violation = _constraint_values(model, per_layer) - float(target_density)
+                lagrangian = loss / num_data + (multipliers * violation).sum()
+                objective_value = lagrangian
+            else:
+                objective_value = loss / num_data
+            if not torch.isfinite(objective_value):
+                raise NonFiniteLossError(
+                    f"non-finite objective ({float(objective_value)}) at epoch {epoch + 1}, step {step + 1}; "
+                    "lower the learning rate or check the data"
+                )
+            objective_value.backward()
+            optimizer.step()
+            if objective == "constrained":
+                # Projected gradient ascent on the multipliers (d Lagrangian / d mu = violation).
+                with torch.no_grad():
+                    multipliers = (multipliers + multiplier_lr * violation.detach()).clamp_(min=0.0)
+                    if dual_restarts:
+                        # Reset a multiplier once its constraint holds, so accumulated pressure does
+                        # not keep pruning past the target (Gallego-Posada et al., 2022).
+                        multipliers = torch.where(violation.detach() <= 0, torch.zeros_like(multipliers), multipliers)
+            sums["loss"] += float(loss.detach())
             if bar is not None:
-                bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("free_energy", "test_error")})
-            if checkpoint is not None:
-                _save(checkpoint, model, optimizer, multipliers, history, epoch + 1, shuffle)
+                bar.update(1)
+        record = _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size)
+        record["wall_s"] = time.perf_counter() - start
+        if objective == "constrained":
+            record["multipliers"] = multipliers.tolist()
+            record["constraint"] = _constraint_values(model, per_layer).detach().tolist()
+            record["target_density"] = float(target_density)
+        if test_data is not None:
+            record["test_error"] = _error_rate(model, test_data[0], test_data[1], 1000, device)
+        if input_shape is not None:
+            record.update(_flops_record(model, input_shape))
+        history.append(record)
+        if bar is not None:
+            bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("free_energy", "test_error")})
+        if checkpoint is not None:
+            _save(checkpoint, model, optimizer, multipliers, history, epoch + 1, shuffle)
     if bar is not None:
         bar.close()
     return TrainResult(model=model, history=history, multipliers=multipliers)
 
 
 def _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size):
-    """Every free-energy term, evaluated on one minibatch-free pass-free estimate (a fixed subset)."""
+    """Every free-energy term at the end of an epoch, estimated on a fixed subset scaled to N.
+
+    The RNG state is restored afterwards so that recording does not change the training draws.
+    """
     record = {"epoch": epoch + 1, "mean_loss": sums["loss"] / steps}
     rng_state = torch.get_rng_state()
     take = min(num_data, max(batch_size, 1000))
@@ -270,13 +278,11 @@ def _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, de
 
 
 def _flops_record(model, input_shape):
-    try:
-        from ..nn import prune
-    except ImportError:  # pragma: no cover
-        return {}
+    from ..nn.prune import expected_flops
+
     net = getattr(model, "net", model)
     with torch.no_grad():
-        return {"expected_flops": float(prune.expected_flops(net, input_shape))}
+        return {"expected_flops": float(expected_flops(net, input_shape))}
 
 
 def _save(path, model, optimizer, multipliers, history, epoch, shuffle):

@@ -4,12 +4,12 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro.nn import PyroModule
+from torch import nn
 
-from ..nn.gates import gate_prior, gates_of, pyro_gates
+from ..nn.gates import gate_prior, gates_of, prior_like, pyro_gates
 
 
-class SparseClassifier(PyroModule):
+class SparseClassifier(nn.Module):
     r"""Wraps a network whose gates are :class:`~l0bayes.nn.HardConcreteGate` modules.
 
     * ``model(x, y, num_data)``: every gate is a ``pyro.sample`` site drawing from the gate prior,
@@ -35,6 +35,7 @@ class SparseClassifier(PyroModule):
         self.lam = lam
         self.weight_decay = float(weight_decay)
         self.prior_inclusion = float(prior_inclusion)
+        self.num_classes = getattr(net, "num_classes", None)
         self._gates = gates_of(net)
         if not self._gates:
             raise ValueError("the network has no HardConcreteGate modules")
@@ -69,9 +70,13 @@ class SparseClassifier(PyroModule):
     def num_gated_parameters(self):
         return sum(gate.num_gates * gate.group_size for _, gate in self._gates)
 
+    def _gate_prior(self, gate):
+        prior = gate_prior(self.prior_inclusion, temperature=gate.temperature, lower=gate.lower, upper=gate.upper)
+        return prior_like(prior, gate.log_alpha)
+
     def model(self, x, y=None, num_data=None):
         num_data = x.shape[0] if num_data is None else int(num_data)
-        with pyro_gates(self.net, lambda gate: _prior_like(self.prior_inclusion, gate)):
+        with pyro_gates(self.net, self._gate_prior):
             logits = self.net(x)
         pyro.factor("code_cost", -self.code_cost())
         with pyro.plate("data", num_data, subsample=torch.arange(x.shape[0], device=x.device)):
@@ -86,9 +91,3 @@ class SparseClassifier(PyroModule):
         logits = self.net(x)
         nll = F.cross_entropy(logits, y, reduction="mean") * num_data
         return nll, self.code_cost()
-
-
-def _prior_like(prior_inclusion, gate):
-    prior = gate_prior(prior_inclusion, temperature=gate.temperature, lower=gate.lower, upper=gate.upper)
-    la = gate.log_alpha
-    return type(prior)(prior.log_alpha.to(la), prior.temperature.to(la), prior.lower.to(la), prior.upper.to(la))

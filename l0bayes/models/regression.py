@@ -5,16 +5,15 @@ import math
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule
 from torch import nn
 
-from ..nn.gates import HardConcreteGate, gate_prior
+from ..nn.gates import HardConcreteGate, gate_prior, prior_like
 from ..utils import check_xy
 
 SLABS = ("point", "gaussian")
 
 
-class _SpikeSlabGLM(PyroModule):
+class _SpikeSlabGLM(nn.Module):
     r"""Shared machinery: :math:`\theta_j = \tilde\theta_j z_j`, one hard concrete gate per coefficient.
 
     The model's gate sites ``"z"`` draw from the prior :math:`p(z)` (a hard concrete with
@@ -65,10 +64,6 @@ class _SpikeSlabGLM(PyroModule):
             self.slab_log_scale = nn.Parameter(torch.full((num_features,), math.log(0.1)))
 
     # -------------------------------------------------------------- pieces
-    def _prior(self, like):
-        p = self.prior
-        return type(p)(p.log_alpha.to(like), p.temperature.to(like), p.lower.to(like), p.upper.to(like))
-
     def slab_kl(self):
         r""":math:`KL(N(\mu_j, s_j^2) \| N(0, \text{prior\_scale}^2))` per coefficient (Gaussian slab)."""
         scale = self.slab_log_scale.exp()
@@ -89,7 +84,7 @@ class _SpikeSlabGLM(PyroModule):
     def _linear_predictor(self, x, y, num_data):
         x, y = check_xy(x, y, self.num_features)
         num_data = x.shape[0] if num_data is None else int(num_data)
-        z = pyro.sample("z", self._prior(self.weight).expand([self.num_features]).to_event(1))
+        z = pyro.sample("z", prior_like(self.prior, self.weight).expand([self.num_features]).to_event(1))
         noise = None
         if self.slab == "gaussian":
             noise = pyro.sample("slab_noise", dist.Normal(torch.zeros_like(self.weight), 1.0).to_event(1))

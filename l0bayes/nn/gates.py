@@ -15,7 +15,7 @@ def log_alpha_for_inclusion(prior_inclusion, temperature=2.0 / 3.0, lower=-0.1, 
 
     :math:`\log\alpha = \mathrm{logit}(\pi_0) + \beta \log(-\gamma/\zeta)`.
     """
-    pi0 = torch.as_tensor(prior_inclusion, dtype=torch.get_default_dtype())
+    pi0 = torch.as_tensor(prior_inclusion, dtype=torch.float64)
     if not torch.all((pi0 > 0) & (pi0 < 1)):
         raise ValueError(f"prior_inclusion must lie in (0, 1), got {prior_inclusion!r}")
     return torch.log(pi0) - torch.log1p(-pi0) + temperature * math.log(-lower / upper)
@@ -27,13 +27,20 @@ def gate_prior(
     r"""A hard concrete gate prior :math:`p(z)`, from a prior inclusion probability or explicit parameters.
 
     Give exactly one of ``prior_inclusion`` (:math:`P(z \ne 0) = \pi_0`, Appendix A: "gates being
-    active 10% of the time") or ``log_alpha``.
+    active 10% of the time") or ``log_alpha``. A prior built from ``prior_inclusion`` is float64
+    (exact); :func:`prior_like` casts it to a model's dtype and device.
     """
     if (prior_inclusion is None) == (log_alpha is None):
         raise ValueError("give exactly one of prior_inclusion or log_alpha")
     if prior_inclusion is not None:
         log_alpha = log_alpha_for_inclusion(prior_inclusion, temperature, lower, upper)
     return HardConcrete(log_alpha, temperature, lower, upper, validate_args=validate_args)
+
+
+def prior_like(prior, tensor):
+    """``prior`` (a :class:`HardConcrete`) with its parameters cast to ``tensor``'s dtype and device."""
+    params = (prior.log_alpha, prior.temperature, prior.lower, prior.upper)
+    return HardConcrete(*(p.to(tensor) for p in params), validate_args=False)
 
 
 def init_log_alpha(num_gates, init_drop_rate=0.5, init_std=0.01, generator=None):

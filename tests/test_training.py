@@ -1,0 +1,124 @@
+"""train(): support recovery by SVI, exact resume, constrained sparsity, errors, networks, GPU."""
+
+import pytest
+import torch
+
+from l0bayes.inference import NonFiniteLossError, train
+from l0bayes.models import SparseClassifier, SparseLinearRegression
+from l0bayes.nn import L0MLP, architecture
+
+
+def _sparse_regression(n=500, p=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, p, generator=g)
+    beta = torch.zeros(p)
+    beta[:5] = torch.tensor([2.0, -1.5, 1.0, 0.8, -0.6])
+    y = x @ beta + 0.5 * torch.randn(n, generator=g)
+    return x, y
+
+
+def test_svi_recovers_true_support():
+    x, y = _sparse_regression()
+    model = SparseLinearRegression(50, prior_inclusion=0.1)
+    result = train(model, x, y, objective="bayes", epochs=100, batch_size=100, lr=0.05, progress=False)
+    pi = model.inclusion_probabilities()
+    assert (pi[:5] > 0.9).all(), pi[:5]
+    assert (pi[5:] < 0.1).all(), pi[5:].max()
+    last = result.history[-1]
+    for key in ("free_energy", "nll", "gate_kl", "code_cost", "expected_l0", "wall_s"):
+        assert key in last
+    assert last["free_energy"] == pytest.approx(last["nll"] + last["gate_kl"] + last["code_cost"] + last["other_kl"])
+    assert last["active_gates"] == [5]
+
+
+def test_resume_gives_bit_identical_next_steps(tmp_path):
+    x, y = _sparse_regression(n=200, p=10)
+    ckpt = tmp_path / "ckpt.pt"
+    torch.manual_seed(0)  # same initial parameters for both runs
+    straight = SparseLinearRegression(10)
+    train(straight, x, y, epochs=4, batch_size=50, lr=0.05, seed=3, progress=False)
+    torch.manual_seed(0)
+    first = SparseLinearRegression(10)
+    train(first, x, y, epochs=2, batch_size=50, lr=0.05, seed=3, checkpoint=str(ckpt), progress=False)
+    torch.manual_seed(1234)  # disturb the global RNG: resume must restore it
+    resumed = SparseLinearRegression(10)
+    result = train(resumed, x, y, epochs=4, batch_size=50, lr=0.05, seed=3, checkpoint=str(ckpt), resume=True,
+                   progress=False)
+    assert [h["epoch"] for h in result.history] == [1, 2, 3, 4]
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_seeded_runs_are_reproducible():
+    x, y = _sparse_regression(n=100, p=8)
+    torch.manual_seed(0)
+    a = SparseLinearRegression(8)
+    torch.manual_seed(0)
+    b = SparseLinearRegression(8)
+    ha = train(a, x, y, epochs=2, batch_size=25, seed=7, progress=False).history
+    hb = train(b, x, y, epochs=2, batch_size=25, seed=7, progress=False).history
+    assert [h["free_energy"] for h in ha] == [h["free_energy"] for h in hb]
+
+
+def test_constrained_training_meets_target_density():
+    x, y = _sparse_regression()
+    target = 0.06  # three of fifty gates, fewer than the five true features: the constraint binds
+    model = SparseLinearRegression(50)
+    result = train(model, x, y, objective="constrained", target_density=target, epochs=60, batch_size=100, lr=0.05,
+                   progress=False)
+    density = result.history[-1]["constraint"][0]
+    assert abs(density - target) <= 0.01
+    assert max(h["multipliers"][0] for h in result.history) > 0
+
+
+def test_errors_are_clear():
+    x, y = _sparse_regression(n=50, p=5)
+    model = SparseLinearRegression(5)
+    with pytest.raises(ValueError, match="objective"):
+        train(model, x, y, objective="map", progress=False)
+    with pytest.raises(ValueError, match="target_density"):
+        train(model, x, y, objective="constrained", progress=False)
+    with pytest.raises(ValueError, match="rows"):
+        train(model, x, y[:10], progress=False)
+    bad = x.clone()
+    bad[3, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        train(model, bad, y, progress=False)
+    with pytest.raises(FileNotFoundError):
+        train(model, x, y, resume=True, checkpoint="/nonexistent/ckpt.pt", progress=False)
+    with pytest.raises(NonFiniteLossError):
+        train(SparseLinearRegression(5), x, y * 1e30, epochs=1, progress=False)
+
+
+def _digits(n=400):
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.data[:n], dtype=torch.float32) / 16.0
+    y = torch.tensor(data.target[:n], dtype=torch.long)
+    return x, y
+
+
+@pytest.mark.parametrize("objective", ["penalized", "bayes"])
+def test_l0_mlp_classifier_trains(objective):
+    pytest.importorskip("sklearn")
+    x, y = _digits()
+    net = L0MLP(in_features=64, hidden=(32, 16), num_classes=10)
+    model = SparseClassifier(net, lam=0.1)
+    result = train(model, x, y, objective=objective, epochs=12, batch_size=50, lr=2e-2, test_data=(x, y),
+                   input_shape=(64,), progress=False)
+    assert result.history[-1]["test_error"] < 0.35
+    assert result.history[-1]["expected_flops"] > 0
+    assert len(architecture(net).split("-")) == 3
+    with pytest.raises(ValueError, match="labels"):
+        train(model, x, y + 10, epochs=1, progress=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_training_on_gpu():
+    x, y = _sparse_regression()
+    model = SparseLinearRegression(50, prior_inclusion=0.1)
+    train(model, x, y, objective="bayes", epochs=100, batch_size=100, lr=0.05, device="cuda", progress=False)
+    pi = model.inclusion_probabilities().cpu()
+    assert (pi[:5] > 0.9).all() and (pi[5:] < 0.1).all()
