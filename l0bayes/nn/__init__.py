@@ -1,5 +1,50 @@
 """Neural-network building blocks with hard concrete gates (Sections 2.3-2.4)."""
 
-from .gates import HardConcreteGate, gate_prior, gates_of, init_log_alpha, log_alpha_for_inclusion, pyro_gates
+from .gates import (
+    HardConcreteGate,
+    gate_prior,
+    gates_of,
+    init_log_alpha,
+    log_alpha_for_inclusion,
+    pyro_gates,
+)
+from .layers import L0Conv2d, L0Layer, L0Linear
+from .networks import L0MLP, MLP, L0LeNet5, LeNet5, lenet5_flat_size
+from .penalty import expected_l0, expected_l2, l0_layers, penalty
+from .prune import (
+    PruneReport,
+    SelectFeatures,
+    architecture,
+    count_parameters,
+    expected_flops,
+    flops,
+    prune,
+)
 
-__all__ = ["HardConcreteGate", "gate_prior", "gates_of", "init_log_alpha", "log_alpha_for_inclusion", "pyro_gates"]
+__all__ = [
+    "HardConcreteGate",
+    "gate_prior",
+    "gates_of",
+    "init_log_alpha",
+    "log_alpha_for_inclusion",
+    "pyro_gates",
+    "L0Conv2d",
+    "L0Layer",
+    "L0Linear",
+    "MLP",
+    "L0LeNet5",
+    "L0MLP",
+    "LeNet5",
+    "lenet5_flat_size",
+    "expected_l0",
+    "expected_l2",
+    "l0_layers",
+    "penalty",
+    "PruneReport",
+    "SelectFeatures",
+    "architecture",
+    "count_parameters",
+    "expected_flops",
+    "flops",
+    "prune",
+]
