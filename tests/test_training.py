@@ -122,3 +122,20 @@ def test_training_on_gpu():
     train(model, x, y, objective="bayes", epochs=100, batch_size=100, lr=0.05, device="cuda", progress=False)
     pi = model.inclusion_probabilities().cpu()
     assert (pi[:5] > 0.9).all() and (pi[5:] < 0.1).all()
+
+
+def test_per_layer_lambdas_and_pyro_gate_sites():
+    import pyro
+
+    from l0bayes.nn import gate_prior, pyro_gates
+
+    net = L0MLP(in_features=6, hidden=(4, 3), num_classes=2)
+    model = SparseClassifier(net, lam={"fc1": 0.5, "fc3": 2.0})
+    expected = 0.5 * net.fc1.gate.expected_l0() + 2.0 * net.fc3.gate.expected_l0()
+    assert float(model.code_cost()) == pytest.approx(float(expected))
+    with pytest.raises(ValueError, match="unknown layers"):
+        SparseClassifier(net, lam={"fc9": 1.0})
+    with pyro.poutine.trace() as tracer, pyro_gates(net, gate_prior(0.3)):  # a bare prior, not a callable
+        net(torch.randn(5, 6))
+    sites = [name for name, site in tracer.trace.nodes.items() if site["type"] == "sample"]
+    assert sites == ["fc1.gate", "fc2.gate", "fc3.gate"]

@@ -22,7 +22,8 @@ class SparseClassifier(nn.Module):
 
     :param net: the gated network (e.g. :class:`~l0bayes.nn.L0MLP`).
     :param lam: code cost in nats per active parameter (``MATH.md`` section 4: the paper's
-        :math:`\lambda = 0.1/N` is ``lam = 0.1``), a float or ``{gate module name: lam}``.
+        :math:`\lambda = 0.1/N` is ``lam = 0.1``), a float or ``{layer name: lam}`` for per-layer
+        lambdas (e.g. ``{"fc1": 0.1, "fc2": 0.05}``; layers not named pay nothing).
     :param float weight_decay: coefficient of the expected L2 penalty (Eq. 15/17), in nats:
         adds ``0.5 * weight_decay * sum_g q(z_g != 0) ||theta_g||^2`` per layer via the layers'
         ``expected_l2()`` when they provide it.
@@ -40,16 +41,17 @@ class SparseClassifier(nn.Module):
         if not self._gates:
             raise ValueError("the network has no HardConcreteGate modules")
         if isinstance(lam, dict):
-            unknown = set(lam) - {name for name, _ in self._gates}
+            known = {_layer_name(name) for name, _ in self._gates}
+            unknown = set(lam) - known
             if unknown:
-                raise ValueError(f"lam names unknown gates {sorted(unknown)}; gates are {[n for n, _ in self._gates]}")
+                raise ValueError(f"lam names unknown layers {sorted(unknown)}; gated layers are {sorted(known)}")
 
     def forward(self, x):
         return self.net(x)
 
     def _lam(self, name):
         if isinstance(self.lam, dict):
-            return float(self.lam.get(name, 0.0))
+            return float(self.lam.get(_layer_name(name), 0.0))
         return float(self.lam)
 
     def code_cost(self):
@@ -91,3 +93,8 @@ class SparseClassifier(nn.Module):
         logits = self.net(x)
         nll = F.cross_entropy(logits, y, reduction="mean") * num_data
         return nll, self.code_cost()
+
+
+def _layer_name(gate_name):
+    """``"fc1.gate"`` -> ``"fc1"``: per-layer settings are keyed by the gated layer's name."""
+    return gate_name[: -len(".gate")] if gate_name.endswith(".gate") else gate_name

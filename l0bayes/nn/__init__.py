@@ -6,6 +6,7 @@ from .gates import (
     gates_of,
     init_log_alpha,
     log_alpha_for_inclusion,
+    prior_like,
     pyro_gates,
 )
 from .layers import L0Conv2d, L0Layer, L0Linear
@@ -27,6 +28,7 @@ __all__ = [
     "gates_of",
     "init_log_alpha",
     "log_alpha_for_inclusion",
+    "prior_like",
     "pyro_gates",
     "L0Conv2d",
     "L0Layer",

@@ -134,7 +134,8 @@ def pyro_gates(module, prior, prefix=""):
     try:
         for name, gate in gates:
             gate.site_name = prefix + (name or "gate")
-            gate.prior = prior(gate) if callable(prior) else prior
+            chosen = prior if isinstance(prior, torch.distributions.Distribution) else prior(gate)
+            gate.prior = prior_like(chosen, gate.log_alpha)
         yield gates
     finally:
         for _, gate in gates:
