@@ -1,0 +1,272 @@
+"""Training-step benchmark on full Fashion-MNIST: gated MLP (penalised, SVI) against a dense MLP.
+
+Times one epoch (60,000 images, minibatches of 100, flattened to 784 and scaled to [0, 1]) of the
+MLP 784-300-100-10 trained with Adam (lr 1e-3) in three ways:
+
+* ``dense``: a plain ``torch.nn`` MLP of the same size with cross-entropy (the reference);
+* ``penalized``: :class:`~l0bayes.nn.L0MLP` in :class:`~l0bayes.models.SparseClassifier`, loss =
+  ``nll + code cost`` from ``penalized_loss`` (Eq. 22), as ``train(objective="penalized")``;
+* ``bayes``: SVI with the analytic gate KL, ``TraceMeanField_ELBO().differentiable_loss(model.model,
+  model.guide, ...)`` (Eq. 21), as ``train(objective="bayes")``.
+
+The step loops are minimal copies of the loop in :func:`l0bayes.inference.train` (zero_grad,
+loss / N, finiteness check, backward, Adam step, loss accumulated as a float), so the timing
+isolates the cost of a step. Within every repeat the three methods run back to back on the same
+minibatch order (the order of the methods rotates from repeat to repeat), so that load from other
+processes hits all of them alike; ratios are medians of the per-repeat ratios. With ``--steps K``
+only ``K`` minibatches are timed per method and repeat and the time is extrapolated to an epoch
+(600 steps). Finally ``train(..., objective="penalized", epochs=1, progress=False)`` is timed once
+to show the overhead of the entry point (data checks, per-epoch free-energy record).
+
+Example::
+
+    python benchmarks/bench_training.py --repeats 3 --markdown
+    python benchmarks/bench_training.py --steps 200 --profile 50
+"""
+
+import argparse
+import cProfile
+import datetime
+import io
+import math
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from pyro.infer import TraceMeanField_ELBO
+
+from l0bayes.data import find_fashion_mnist, load_mnist_format
+from l0bayes.inference import train
+from l0bayes.models import SparseClassifier
+from l0bayes.nn import L0MLP, MLP
+
+BATCH_SIZE = 100
+LR = 1e-3
+LAM = 0.1
+SEED = 0
+TARGETS = {"penalized": 1.3, "bayes": 1.6}  # max ratio to dense (CPU)
+METHODS = ("dense", "penalized", "bayes")
+
+
+# ---------------------------------------------------------------------------- data and models
+def load_data(data_dir):
+    directory = data_dir or find_fashion_mnist()
+    if directory is None:
+        sys.exit("Fashion-MNIST not found: apt-get install dataset-fashion-mnist, or pass --data-dir")
+    images, labels = load_mnist_format(directory, "train")
+    x = images.reshape(images.shape[0], -1).to(torch.float32).div_(255.0)
+    return directory, x, labels
+
+
+def make_model(method, device):
+    torch.manual_seed(SEED)
+    if method == "dense":
+        model = MLP(784, (300, 100), 10)
+    else:
+        model = SparseClassifier(L0MLP(784, (300, 100), 10), lam=LAM)
+    return model.to(device).train()
+
+
+def make_step(method, model, num_data):
+    """A closure doing one optimisation step on ``(xb, yb)``, mirroring the loop of ``train()``."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    elbo = TraceMeanField_ELBO()
+
+    def finish(loss):
+        objective_value = loss / num_data
+        if not torch.isfinite(objective_value):
+            raise FloatingPointError("non-finite objective")
+        objective_value.backward()
+        optimizer.step()
+        return float(loss.detach())
+
+    if method == "dense":
+
+        def step(xb, yb):
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xb), yb) * num_data
+            return finish(loss)
+
+    elif method == "penalized":
+
+        def step(xb, yb):
+            optimizer.zero_grad(set_to_none=True)
+            nll, cost = model.penalized_loss(xb, yb, num_data)
+            return finish(nll + cost)
+
+    elif method == "bayes":
+
+        def step(xb, yb):
+            optimizer.zero_grad(set_to_none=True)
+            loss = elbo.differentiable_loss(model.model, model.guide, xb, yb, num_data)
+            return finish(loss)
+
+    else:
+        raise ValueError(method)
+    return step
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_steps(step, x, y, order, start, count, device):
+    """Run ``count`` steps from minibatch ``start`` of ``order``; returns the wall time in seconds."""
+    num_batches = math.ceil(x.shape[0] / BATCH_SIZE)
+    _sync(device)
+    t0 = time.perf_counter()
+    for k in range(start, start + count):
+        idx = order[(k % num_batches) * BATCH_SIZE : (k % num_batches + 1) * BATCH_SIZE]
+        step(x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True))
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------- profiling
+def profile_bayes(x, y, device, steps, top):
+    """cProfile and torch.profiler of ``steps`` SVI steps (after a warm-up); returns the report text."""
+    num_data = x.shape[0]
+    model = make_model("bayes", device)
+    step = make_step("bayes", model, num_data)
+    order = torch.randperm(num_data, generator=torch.Generator().manual_seed(SEED + 1))
+    run_steps(step, x, y, order, 0, 10, device)
+    out = io.StringIO()
+    prof = cProfile.Profile()
+    prof.enable()
+    run_steps(step, x, y, order, 10, steps, device)
+    prof.disable()
+    stats = pstats.Stats(prof, stream=out)
+    out.write(f"== cProfile of {steps} SVI steps, sorted by tottime ==\n")
+    stats.sort_stats("tottime").print_stats(top)
+    out.write(f"== cProfile of {steps} SVI steps, sorted by cumulative time ==\n")
+    stats.sort_stats("cumulative").print_stats(top)
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as tprof:
+        run_steps(step, x, y, order, 10 + steps, steps, device)
+    out.write(f"== torch.profiler of {steps} SVI steps (self CPU time) ==\n")
+    out.write(tprof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------------------- main
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument(
+        "--steps", type=int, default=0, help="minibatches timed per method and repeat (0: a full epoch, 600)"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps per method before timing")
+    parser.add_argument("--data-dir", default=None, help="directory with the IDX files (default: Debian package)")
+    parser.add_argument("--no-train", action="store_true", help="skip timing the train() entry point")
+    parser.add_argument("--profile", type=int, default=0, help="also profile this many SVI steps")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave the default)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    directory, x, y = load_data(args.data_dir)
+    if device.type == "cuda":
+        x, y = x.to(device), y.to(device)
+    num_data = x.shape[0]
+    steps_per_epoch = math.ceil(num_data / BATCH_SIZE)
+    steps = args.steps if args.steps > 0 else steps_per_epoch
+
+    print(f"# bench_training  {datetime.date.today()}  python {platform.python_version()}  torch {torch.__version__}")
+    print(
+        f"# device={device}  threads={torch.get_num_threads()}  cpus={os.cpu_count()}  data={directory} "
+        f"N={num_data}  batch={BATCH_SIZE}  timed steps/method/repeat={steps} "
+        f"({'full epoch' if steps == steps_per_epoch else f'extrapolated to {steps_per_epoch} steps'})"
+    )
+
+    models = {m: make_model(m, device) for m in METHODS}
+    step_fns = {m: make_step(m, models[m], num_data) for m in METHODS}
+    shuffle = torch.Generator().manual_seed(SEED)
+    warm_order = torch.randperm(num_data, generator=shuffle)
+    for m in METHODS:
+        run_steps(step_fns[m], x, y, warm_order, 0, args.warmup, device)
+
+    per_step = {m: [] for m in METHODS}
+    for r in range(args.repeats):
+        order = torch.randperm(num_data, generator=shuffle)
+        if device.type == "cuda":
+            order = order.to(device)
+        rot = r % len(METHODS)
+        for m in METHODS[rot:] + METHODS[:rot]:
+            elapsed = run_steps(step_fns[m], x, y, order, 0, steps, device)
+            per_step[m].append(elapsed / steps)
+        print(
+            f"  repeat {r + 1}: " + "  ".join(f"{m} {per_step[m][-1] * steps_per_epoch:.2f} s/epoch" for m in METHODS),
+            flush=True,
+        )
+
+    ratios = {m: [a / b for a, b in zip(per_step[m], per_step["dense"], strict=True)] for m in METHODS}
+    rows = []
+    for m in METHODS:
+        med = statistics.median(per_step[m])
+        ratio = statistics.median(ratios[m])
+        target = TARGETS.get(m)
+        verdict = "-" if target is None else ("PASS" if ratio <= target else "FAIL")
+        rows.append(
+            (
+                m,
+                f"{med * 1e3:.2f}",
+                f"{med * steps_per_epoch:.2f}",
+                f"{BATCH_SIZE / med:,.0f}",
+                f"{ratio:.2f}x",
+                "-" if target is None else f"<= {target}x",
+                verdict,
+            )
+        )
+
+    train_row = None
+    if not args.no_train:
+        model = make_model("penalized", device)
+        t0 = time.perf_counter()
+        result = train(
+            model, x.cpu(), y.cpu(), objective="penalized", epochs=1, batch_size=BATCH_SIZE, lr=LR,
+            device=device, seed=SEED, progress=False,
+        )  # fmt: skip
+        _sync(device)
+        total = time.perf_counter() - t0
+        loop = statistics.median(per_step["penalized"]) * steps_per_epoch
+        train_row = (total, result.history[-1]["wall_s"], loop)
+
+    header = ("method", "ms/step", "s/epoch", "images/s", "ratio to dense", "target", "result")
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "|".join("---" for _ in header) + "|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        print("  ".join(f"{h:>14}" for h in header))
+        for row in rows:
+            print("  ".join(f"{c:>14}" for c in row))
+    if train_row is not None:
+        total, wall, loop = train_row
+        print(
+            f"train(objective='penalized', epochs=1, progress=False): {total:.2f} s in all "
+            f"(epoch wall_s {wall:.2f} s incl. the end-of-epoch record), vs {loop:.2f} s/epoch for the bare loop "
+            f"of the same repeat set: overhead {total - loop:+.2f} s ({total / loop:.2f}x) "
+            "(single run, not interleaved; noisier than the ratios above)"
+        )
+    failed = [r[0] for r in rows if r[-1] == "FAIL"]
+    print("OVERALL:", "PASS" if not failed else f"FAIL ({', '.join(failed)})")
+
+    if args.profile:
+        print(profile_bayes(x, y, device, args.profile, top=25))
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

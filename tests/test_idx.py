@@ -1,0 +1,99 @@
+"""The IDX reader on tiny fixture files (no real data needed)."""
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from l0bayes.data import find_fashion_mnist, load_mnist_format, read_idx
+
+
+def _idx_bytes(arr, type_code=0x08, dims=None):
+    arr = np.asarray(arr)
+    dims = arr.shape if dims is None else dims
+    header = struct.pack(">BBBB", 0, 0, type_code, len(dims)) + struct.pack(f">{len(dims)}I", *dims)
+    dtype = {0x08: ">u1", 0x0C: ">i4", 0x0D: ">f4"}[type_code]
+    return header + arr.astype(dtype).tobytes()
+
+
+def _write(path, payload, gz=False):
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(payload)
+    else:
+        path.write_bytes(payload)
+    return path
+
+
+def _fixture_dir(tmp_path, n_images=3, n_labels=3, gz=False, kind="train"):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(n_images, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=n_labels, dtype=np.uint8)
+    suffix = ".gz" if gz else ""
+    _write(tmp_path / f"{kind}-images-idx3-ubyte{suffix}", _idx_bytes(images), gz)
+    _write(tmp_path / f"{kind}-labels-idx1-ubyte{suffix}", _idx_bytes(labels), gz)
+    return images, labels
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_load_valid(tmp_path, gz):
+    images, labels = _fixture_dir(tmp_path, gz=gz, kind="t10k")
+    x, y = load_mnist_format(tmp_path, kind="t10k")
+    assert x.dtype == torch.uint8 and x.shape == (3, 28, 28)
+    assert y.dtype == torch.int64 and y.shape == (3,)
+    assert np.array_equal(x.numpy(), images) and np.array_equal(y.numpy(), labels)
+
+
+def test_read_idx_multibyte_big_endian(tmp_path):
+    arr = np.array([[1, -2], [70000, 3]], dtype=np.int32)
+    out = read_idx(_write(tmp_path / "a.idx", _idx_bytes(arr, type_code=0x0C)))
+    assert out.dtype == np.int32 and np.array_equal(out, arr)
+    farr = np.array([0.5, -1.25], dtype=np.float32)
+    assert np.array_equal(read_idx(_write(tmp_path / "f.idx", _idx_bytes(farr, type_code=0x0D))), farr)
+
+
+def test_wrong_magic(tmp_path):
+    good = _idx_bytes(np.zeros((2, 2), dtype=np.uint8))
+    with pytest.raises(ValueError, match="magic"):
+        read_idx(_write(tmp_path / "bad", b"\x01\x00" + good[2:]))
+    with pytest.raises(ValueError, match="type code"):
+        read_idx(_write(tmp_path / "badtype", good[:2] + b"\x07" + good[3:]))
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_truncated(tmp_path, gz):
+    payload = _idx_bytes(np.zeros((4, 28, 28), dtype=np.uint8))
+    with pytest.raises(ValueError, match="truncated"):
+        read_idx(_write(tmp_path / "t", payload[:-10], gz))
+    with pytest.raises(ValueError, match="truncated"):
+        read_idx(_write(tmp_path / "h", payload[:9], gz))
+    with pytest.raises(ValueError, match="too short"):
+        read_idx(_write(tmp_path / "s", payload[:3], gz))
+    with pytest.raises(ValueError, match="trailing"):
+        read_idx(_write(tmp_path / "x", payload + b"\x00", gz))
+
+
+def test_truncated_gzip_stream(tmp_path):
+    raw = gzip.compress(_idx_bytes(np.arange(1000, dtype=np.uint8).reshape(10, 100) % 7))
+    with pytest.raises(ValueError):
+        read_idx(_write(tmp_path / "cut.gz", raw[: len(raw) // 2]))
+
+
+def test_mismatched_counts(tmp_path):
+    _fixture_dir(tmp_path, n_images=3, n_labels=2)
+    with pytest.raises(ValueError, match="3 images but 2 labels"):
+        load_mnist_format(tmp_path)
+
+
+def test_missing_and_bad_kind(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_mnist_format(tmp_path)
+    with pytest.raises(ValueError, match="kind"):
+        load_mnist_format(tmp_path, kind="test")
+
+
+def test_find_fashion_mnist_type():
+    found = find_fashion_mnist()
+    assert found is None or isinstance(found, str)
