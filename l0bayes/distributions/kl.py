@@ -1,12 +1,14 @@
 """KL divergence between two hard concrete gates (Appendix C, Eq. 27-29)."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch.distributions.kl import register_kl
 
 from ._stable import log_logistic_density
 from .hard_concrete import HardConcrete
-from .quadrature import map_chunks
+from .quadrature import _ACCURACY_CONSTANT, MAX_NODES, map_chunks, num_nodes_for
 
 KL_METHODS = ("quadrature", "monte_carlo")
 
@@ -52,6 +54,8 @@ def kl_hard_concrete(q, p, method="quadrature", num_nodes=None, num_samples=1000
 
     n = q.resolve_num_nodes(num_nodes, p)
     same_stretch = _same_stretch(q, p)
+    if num_nodes is None and not same_stretch:
+        n = max(n, _num_nodes_cross_stretch(q, p))
 
     def run(aq, bq, lq, uq, ap, bp, lp, up):
         qc = HardConcrete(aq, bq, lq, uq, validate_args=False)
@@ -88,6 +92,43 @@ def _same_stretch(q, p):
     return (q.lower is p.lower or torch.equal(q.lower, p.lower)) and (
         q.upper is p.upper or torch.equal(q.upper, p.upper)
     )
+
+
+def _num_nodes_cross_stretch(q, p):
+    r"""Quadrature size for ``log pbar`` on ``q``'s logit grid when the stretches differ.
+
+    In ``q``'s logit variable ``v``, ``log pbar`` has branch points on the real axis where
+    ``z(v) = lower_p`` (if ``lower_p > lower_q``) or ``z(v) = upper_p`` (if ``upper_p < upper_q``),
+    just outside ``(v0, v1)``, and ``p``'s logit varies up to ``J = max dy_p/dv`` times faster than
+    ``v``, which narrows the strip of analyticity to about ``pi / (temperature_p J)``. Both shrink
+    the Bernstein ellipse that :func:`~l0bayes.distributions.quadrature.num_nodes_for` assumes.
+    """
+    with torch.no_grad():
+        lq, uq = q.lower.double().reshape(-1), q.upper.double().reshape(-1)
+        lp, up = p.lower.double().reshape(-1), p.upper.double().reshape(-1)
+        v0, v1 = torch.log(-lq) - torch.log(uq), torch.log1p(-lq) - torch.log(uq - 1.0)
+        centre, half = 0.5 * (v0 + v1), 0.5 * (v1 - v0)
+        # Jacobian dy_p/dv_q on a grid of z in [0, 1].
+        z = torch.linspace(0.0, 1.0, 65, dtype=torch.float64).unsqueeze(-1)
+        jac = (up - lp) / (uq - lq) * (z - lq) / (z - lp) * (uq - z) / (up - z)
+        effective_temperature = float((p.temperature.double().reshape(-1) * jac.max(0).values).max())
+        effective_temperature = max(effective_temperature, float(q.temperature.detach().max()))
+        n = num_nodes_for(effective_temperature, float(half.max()), q.log_alpha.dtype)
+        # Real branch points of log(z - lower_p), log(upper_p - z), in units of the half-width.
+        t_lower = (lp - lq) / (uq - lq)
+        t_upper = (up - lq) / (uq - lq)
+        x = torch.cat(
+            [
+                ((centre - (torch.log(t_lower) - torch.log1p(-t_lower))) / half)[t_lower > 0],
+                (((torch.log(t_upper) - torch.log1p(-t_upper)) - centre) / half)[t_upper < 1],
+            ]
+        )
+        if x.numel():
+            x = float(x.min())
+            rho = x + math.sqrt(max(x * x - 1.0, 0.0))
+            c = _ACCURACY_CONSTANT.get(q.log_alpha.dtype, _ACCURACY_CONSTANT[torch.float32])
+            n = max(n, MAX_NODES if rho <= 1.0 else math.ceil(c / math.log(rho)))
+    return int(min(MAX_NODES, n))
 
 
 def _stretched_log_density_at(p, q, v):
