@@ -3,10 +3,9 @@
 import math
 
 import torch
-import torch.nn.functional as F
 from torch.distributions.kl import register_kl
 
-from ._stable import log_logistic_density
+from ._stable import log_logistic_density, log_sigmoid
 from .hard_concrete import HardConcrete
 from .quadrature import _ACCURACY_CONSTANT, MAX_NODES, map_chunks, num_nodes_for
 
@@ -69,8 +68,8 @@ def _kl_atoms(q, p):
     """Q0 log(Q0/P0) + Q1 log(Q1/P1), the logs from logsigmoid."""
     qL0, qL1 = q._logistic_bounds()
     pL0, pL1 = p._logistic_bounds()
-    return torch.sigmoid(qL0) * (F.logsigmoid(qL0) - F.logsigmoid(pL0)) + torch.sigmoid(-qL1) * (
-        F.logsigmoid(-qL1) - F.logsigmoid(-pL1)
+    return torch.sigmoid(qL0) * (log_sigmoid(qL0) - log_sigmoid(pL0)) + torch.sigmoid(-qL1) * (
+        log_sigmoid(-qL1) - log_sigmoid(-pL1)
     )
 
 
