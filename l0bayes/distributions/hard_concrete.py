@@ -8,7 +8,7 @@ from torch.distributions.utils import broadcast_all
 
 from ._stable import log_logistic_density, log_sigmoid, sigmoid_difference, softplus
 from .quadrature import gauss_legendre, map_chunks, num_nodes_for
-from .stretched_concrete import StretchedConcrete, _check_probability, standard_logistic, stretch_logit_bounds
+from .stretched_concrete import StretchedConcrete, _check_probability, stretch_logit_bounds
 
 
 class HardConcrete(TorchDistribution):
@@ -157,10 +157,7 @@ class HardConcrete(TorchDistribution):
     # ------------------------------------------------------------------ sampling
     def rsample(self, sample_shape=torch.Size()):
         """Reparameterised sample of Eq. 10-11 (gradients pass where ``0 < z < 1``)."""
-        shape = self._extended_shape(sample_shape)
-        noise = standard_logistic(shape, self.log_alpha.dtype, self.log_alpha.device)
-        s = torch.sigmoid((noise + self.log_alpha) / self.temperature)
-        return torch.addcmul(self.lower, self.upper - self.lower, s).clamp(0.0, 1.0)
+        return self.base.rsample(sample_shape).clamp(0.0, 1.0)
 
     def sample_continuous(self, sample_shape=torch.Size()):
         r"""Reparameterised sample of the continuous part, :math:`\bar s` truncated to ``(0, 1)``.
