@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn.gates import gate_prior, gates_of, prior_like, pyro_gates
+from ..nn.penalty import expected_l2
 
 
 class SparseClassifier(nn.Module):
@@ -25,8 +26,8 @@ class SparseClassifier(nn.Module):
         :math:`\lambda = 0.1/N` is ``lam = 0.1``), a float or ``{layer name: lam}`` for per-layer
         lambdas (e.g. ``{"fc1": 0.1, "fc2": 0.05}``; layers not named pay nothing).
     :param float weight_decay: coefficient of the expected L2 penalty (Eq. 15/17), in nats:
-        adds ``0.5 * weight_decay * sum_g q(z_g != 0) ||theta_g||^2`` per layer via the layers'
-        ``expected_l2()`` when they provide it.
+        adds ``0.5 * weight_decay * sum_g q(z_g != 0) ||theta_g||^2`` over the L0 layers
+        (:func:`l0bayes.nn.penalty.expected_l2`).
     :param prior_inclusion: prior :math:`P(z \ne 0)` of every gate for the Bayesian objective.
     """
 
@@ -60,9 +61,7 @@ class SparseClassifier(nn.Module):
         for name, gate in self._gates:
             total = total + self._lam(name) * gate.expected_l0()
         if self.weight_decay:
-            for module in self.net.modules():
-                if hasattr(module, "expected_l2"):
-                    total = total + 0.5 * self.weight_decay * module.expected_l2()
+            total = total + 0.5 * self.weight_decay * expected_l2(self.net)
         return total
 
     def expected_l0(self):
