@@ -1,17 +1,15 @@
 """The hard concrete distribution of Louizos, Welling & Kingma (2018), Eq. 10-13, 26."""
 
-from numbers import Number
 
 import torch
-from pyro.distributions import TorchDistribution, constraints
-from torch.distributions.utils import broadcast_all
+from pyro.distributions import constraints
 
 from ._stable import log_logistic_density, log_sigmoid, sigmoid_difference, softplus
 from .quadrature import gauss_legendre, map_chunks, num_nodes_for
-from .stretched_concrete import StretchedConcrete, _check_probability, stretch_logit_bounds
+from .stretched_concrete import ConcreteParameters, StretchedConcrete, _check_probability, stretch_logit_bounds
 
 
-class HardConcrete(TorchDistribution):
+class HardConcrete(ConcreteParameters):
     r"""Hard concrete gate: a stretched binary concrete rectified to ``[0, 1]`` (Eq. 10-11).
 
     .. math::
@@ -43,35 +41,7 @@ class HardConcrete(TorchDistribution):
         tensor([0.8318, 0.8318, 0.8318])
     """
 
-    arg_constraints = {
-        "log_alpha": constraints.real,
-        "temperature": constraints.positive,
-        "lower": constraints.less_than(0.0),
-        "upper": constraints.greater_than(1.0),
-    }
     support = constraints.unit_interval
-    has_rsample = True
-
-    def __init__(self, log_alpha, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, validate_args=None):
-        self.log_alpha, self.temperature, self.lower, self.upper = broadcast_all(
-            log_alpha, temperature, lower, upper
-        )
-        if all(isinstance(p, Number) for p in (log_alpha, temperature, lower, upper)):
-            batch_shape = torch.Size()
-        else:
-            batch_shape = self.log_alpha.shape
-        super().__init__(batch_shape, validate_args=validate_args)
-
-    def expand(self, batch_shape, _instance=None):
-        # Overridden (as Pyro's own distributions do) so that an expanded HardConcrete is still
-        # a HardConcrete: the registered KL then applies and TraceMeanField_ELBO stays analytic.
-        new = self._get_checked_instance(HardConcrete, _instance)
-        batch_shape = torch.Size(batch_shape)
-        for name in ("log_alpha", "temperature", "lower", "upper"):
-            setattr(new, name, getattr(self, name).expand(batch_shape))
-        super(HardConcrete, new).__init__(batch_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
 
     # ------------------------------------------------------------------ building blocks
     @property

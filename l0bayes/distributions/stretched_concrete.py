@@ -27,7 +27,43 @@ def standard_logistic(shape, dtype, device):
     return torch.log(u) - torch.log1p(-u)
 
 
-class StretchedConcrete(TorchDistribution):
+class ConcreteParameters(TorchDistribution):
+    """Parameters ``(log_alpha, temperature, lower, upper)`` shared by the concrete distributions.
+
+    Broadcasts them like PyTorch, declares their constraints for ``validate_args``, and overrides
+    ``expand`` the way Pyro's own distributions do, so an expanded distribution keeps its type
+    (and the registered KL still applies).
+    """
+
+    arg_constraints = {
+        "log_alpha": constraints.real,
+        "temperature": constraints.positive,
+        "lower": constraints.less_than(0.0),
+        "upper": constraints.greater_than(1.0),
+    }
+    has_rsample = True
+
+    def __init__(self, log_alpha, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, validate_args=None):
+        self.log_alpha, self.temperature, self.lower, self.upper = broadcast_all(
+            log_alpha, temperature, lower, upper
+        )
+        if all(isinstance(p, Number) for p in (log_alpha, temperature, lower, upper)):
+            batch_shape = torch.Size()
+        else:
+            batch_shape = self.log_alpha.shape
+        super().__init__(batch_shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(type(self), _instance)
+        batch_shape = torch.Size(batch_shape)
+        for name in ("log_alpha", "temperature", "lower", "upper"):
+            setattr(new, name, getattr(self, name).expand(batch_shape))
+        super(ConcreteParameters, new).__init__(batch_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+
+class StretchedConcrete(ConcreteParameters):
     r"""A binary concrete variable stretched to ``(lower, upper)``: the :math:`\bar s` of Eq. 10.
 
     .. math::
@@ -52,32 +88,6 @@ class StretchedConcrete(TorchDistribution):
     :param upper: :math:`\zeta > 1`.
     """
 
-    arg_constraints = {
-        "log_alpha": constraints.real,
-        "temperature": constraints.positive,
-        "lower": constraints.less_than(0.0),
-        "upper": constraints.greater_than(1.0),
-    }
-    has_rsample = True
-
-    def __init__(self, log_alpha, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, validate_args=None):
-        self.log_alpha, self.temperature, self.lower, self.upper = broadcast_all(
-            log_alpha, temperature, lower, upper
-        )
-        if all(isinstance(p, Number) for p in (log_alpha, temperature, lower, upper)):
-            batch_shape = torch.Size()
-        else:
-            batch_shape = self.log_alpha.shape
-        super().__init__(batch_shape, validate_args=validate_args)
-
-    def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(StretchedConcrete, _instance)
-        batch_shape = torch.Size(batch_shape)
-        for name in ("log_alpha", "temperature", "lower", "upper"):
-            setattr(new, name, getattr(self, name).expand(batch_shape))
-        super(StretchedConcrete, new).__init__(batch_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
 
     @constraints.dependent_property(is_discrete=False, event_dim=0)
     def support(self):
