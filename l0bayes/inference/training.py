@@ -11,6 +11,7 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 
 from ..utils import check_xy
+from .distributed import DataParallelContext
 from .free_energy import free_energy
 
 OBJECTIVES = ("bayes", "penalized", "constrained")
@@ -122,6 +123,7 @@ def train(
     resume=False,
     progress=True,
     input_shape=None,
+    distributed=None,
 ):
     r"""Train a sparse model with minibatch Adam.
 
@@ -144,6 +146,12 @@ def train(
     :param checkpoint: path of a checkpoint written at the end of every epoch; with ``resume=True``
         training continues from it exactly (same next steps, bit for bit, on the same machine).
     :param input_shape: input shape (without batch) for the expected FLOPs of a gated network.
+    :param distributed: data-parallel training under ``torchrun`` (see :mod:`l0bayes.inference.distributed`):
+        ``None`` (default) uses ``DistributedDataParallel`` whenever there are several processes;
+        ``batch_size`` is then the global minibatch, each rank takes its ``DistributedSampler`` shard
+        of every epoch and draws its own gates, and only rank 0 records history, shows progress and
+        writes checkpoints (other ranks return an empty history). ``False`` disables it; a
+        :class:`~l0bayes.inference.distributed.DistributedConfig` sets backend, timeout and gate noise.
     :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
         L0, expected FLOPs, test error, multipliers and constraint values, wall time).
     :raises NonFiniteLossError: when the objective becomes NaN or infinite.
@@ -163,13 +171,16 @@ def train(
     if test_data is not None:
         _check_data(model, test_data[0], test_data[1], "test")
 
-    device = resolve_device(device)
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
+    ddp = DataParallelContext(distributed, device)
+    device = ddp.device
+    gate_seed = ddp.seed(seed)  # differs between ranks: each draws its own gates
+    torch.manual_seed(gate_seed)
+    np.random.seed(gate_seed % 2**32)
+    random.seed(gate_seed)
     model.to(device)
     num_data = x.shape[0]
     batch_size = min(int(batch_size), num_data)
+    local_batch = ddp.local_batch_size(batch_size)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     elbo = TraceMeanField_ELBO()
     shuffle = torch.Generator().manual_seed(seed)
@@ -178,51 +189,58 @@ def train(
     history, start_epoch = [], 0
 
     if resume:
-        if checkpoint is None or not os.path.exists(checkpoint):
-            raise FileNotFoundError(f"cannot resume: checkpoint {checkpoint!r} does not exist")
-        state = torch.load(checkpoint, map_location=device, weights_only=False)
+        state = ddp.load(checkpoint, map_location=device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         multipliers = state["multipliers"].to(device)
         history = state["history"]
         start_epoch = state["epoch"]
         shuffle.set_state(state["shuffle"])
-        _set_rng_state(state["rng"])
+        ddp.restore_rng(state, seed, _set_rng_state)
 
     fast = hasattr(model, "penalized_loss")
     steps = math.ceil(num_data / batch_size)
     bar = None
-    if progress:
+    step_objective = ddp.wrap(model)  # DistributedDataParallel when data-parallel
+    if progress and ddp.is_main:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=(epochs - start_epoch) * steps, desc=objective, unit="step", leave=False)
 
+    def step_loss(xb, yb):
+        """The objective on this process's minibatch (run inside DDP's forward when data-parallel)."""
+        violation = None
+        if objective == "bayes":
+            loss = elbo.differentiable_loss(model.model, model.guide, xb, yb, num_data)
+        elif fast:
+            nll, cost = model.penalized_loss(xb, yb, num_data)
+            loss = nll + cost if objective == "penalized" else nll
+        else:
+            terms = free_energy(model.model, model.guide, xb, yb, num_data, kl=False)
+            loss = terms.total if objective == "penalized" else terms.nll
+        if objective == "constrained":
+            violation = _constraint_values(model, per_layer) - float(target_density)
+            lagrangian = loss / num_data + (multipliers * violation).sum()
+            objective_value = lagrangian
+        else:
+            objective_value = loss / num_data
+        return loss, objective_value, violation
+
     for epoch in range(start_epoch, epochs):
         model.train()
         start = time.perf_counter()
-        order = torch.randperm(num_data, generator=shuffle)
+        order = ddp.shard(torch.randperm(num_data, generator=shuffle))
         sums = {"loss": 0.0}
         for step in range(steps):
-            idx = order[step * batch_size : (step + 1) * batch_size]
+            idx = order[step * local_batch : (step + 1) * local_batch]
             xb, yb = x[idx].to(device), (None if y is None else y[idx].to(device))
             optimizer.zero_grad(set_to_none=True)
-            if objective == "bayes":
-                loss = elbo.differentiable_loss(model.model, model.guide, xb, yb, num_data)
-            elif fast:
-                nll, cost = model.penalized_loss(xb, yb, num_data)
-                loss = nll + cost if objective == "penalized" else nll
-            else:
-                terms = free_energy(model.model, model.guide, xb, yb, num_data, kl=False)
-                loss = terms.total if objective == "penalized" else terms.nll
-            if objective == "constrained":
-                violation = _constraint_values(model, per_layer) - float(target_density)
-                lagrangian = loss / num_data + (multipliers * violation).sum()
-                objective_value = lagrangian
-            else:
-                objective_value = loss / num_data
-            if not torch.isfinite(objective_value):
+            loss, objective_value, violation = step_objective(step_loss, xb, yb)
+            # Means over the ranks (one all-reduce): the global-batch values, identical on every rank.
+            loss_mean, value_mean, violation = ddp.mean(loss, objective_value, violation)
+            if not torch.isfinite(value_mean):
                 raise NonFiniteLossError(
-                    f"non-finite objective ({float(objective_value)}) at epoch {epoch + 1}, step {step + 1}; "
+                    f"non-finite objective ({float(value_mean)}) at epoch {epoch + 1}, step {step + 1}; "
                     "lower the learning rate or check the data"
                 )
             objective_value.backward()
@@ -235,9 +253,13 @@ def train(
                         # Reset a multiplier once its constraint holds, so accumulated pressure does
                         # not keep pruning past the target (Gallego-Posada et al., 2022).
                         multipliers = torch.where(violation.detach() <= 0, torch.zeros_like(multipliers), multipliers)
-            sums["loss"] += float(loss.detach())
+            sums["loss"] += float(loss_mean)
             if bar is not None:
                 bar.update(1)
+        if not ddp.is_main:  # rank 0 records, reports and writes; the others only train
+            if checkpoint is not None:
+                ddp.gather(_rng_state())
+            continue
         record = _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size)
         record["wall_s"] = time.perf_counter() - start
         if objective == "constrained":
@@ -252,9 +274,13 @@ def train(
         if bar is not None:
             bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("free_energy", "test_error")})
         if checkpoint is not None:
-            _save(checkpoint, model, optimizer, multipliers, history, epoch + 1, shuffle)
+            extra = ddp.checkpoint_extra(ddp.gather(_rng_state())) if ddp.enabled else None
+            _save(checkpoint, model, optimizer, multipliers, history, epoch + 1, shuffle, extra)
     if bar is not None:
         bar.close()
+    ddp.close()
+    if not ddp.is_main:
+        history = []
     return TrainResult(model=model, history=history, multipliers=multipliers)
 
 
@@ -285,7 +311,7 @@ def _flops_record(model, input_shape):
         return {"expected_flops": float(expected_flops(net, input_shape))}
 
 
-def _save(path, model, optimizer, multipliers, history, epoch, shuffle):
+def _save(path, model, optimizer, multipliers, history, epoch, shuffle, extra=None):
     state = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -294,6 +320,7 @@ def _save(path, model, optimizer, multipliers, history, epoch, shuffle):
         "epoch": epoch,
         "shuffle": shuffle.get_state(),
         "rng": _rng_state(),
+        **(extra or {}),
     }
     tmp = f"{path}.tmp"
     torch.save(state, tmp)
