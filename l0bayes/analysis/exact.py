@@ -1,0 +1,126 @@
+r"""Exact posterior inclusion probabilities of the conjugate spike-and-slab linear model.
+
+The reference against which the variational gates of
+:class:`~l0bayes.models.SparseLinearRegression` are judged (notebook 02). The model, for
+centred data (no intercept), known noise :math:`\sigma` and :math:`p` candidate features:
+
+.. math::
+    \gamma_j \sim \mathrm{Bernoulli}(\pi_0),\qquad
+    b_j \mid \gamma_j = 1 \sim N(0, \tau^2),\qquad
+    y \mid \gamma, b \sim N(X_\gamma b_\gamma, \sigma^2 I_n),
+
+with :math:`\pi_0` = ``prior_inclusion``, :math:`\tau` = ``slab_scale`` (the
+``prior_scale`` of the Gaussian slab, Eq. 20) and :math:`\sigma` = ``noise_scale``. The
+coefficients integrate out in closed form: :math:`y \mid \gamma \sim N(0, \sigma^2 I +
+\tau^2 X_\gamma X_\gamma^\top)`, evaluated in :math:`|\gamma|` dimensions with
+:math:`M = I + (\tau^2/\sigma^2) X_\gamma^\top X_\gamma`:
+
+.. math::
+    \log p(y \mid \gamma) = -\tfrac n2 \log(2\pi\sigma^2) - \tfrac12 \log\det M
+    - \frac{1}{2\sigma^2}\Big(y^\top y - \frac{\tau^2}{\sigma^2}\, y^\top X_\gamma M^{-1} X_\gamma^\top y\Big).
+
+The posterior of :math:`\gamma` is then exact by enumerating all :math:`2^p` models, and
+:math:`P(\gamma_j = 1 \mid y) = \sum_{\gamma \ni j} p(\gamma \mid y)`.
+"""
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_FEATURES = 20
+
+
+@dataclass
+class ExactSpikeSlab:
+    """Result of :func:`exact_inclusion_probabilities`.
+
+    :ivar inclusion: ``(p,)`` posterior inclusion probabilities :math:`P(\\gamma_j = 1 \\mid y)`.
+    :ivar models: ``(2^p, p)`` boolean matrix, one row per model :math:`\\gamma`.
+    :ivar log_marginal: ``(2^p,)`` :math:`\\log p(y \\mid \\gamma)`.
+    :ivar model_probs: ``(2^p,)`` posterior model probabilities :math:`p(\\gamma \\mid y)`.
+    :ivar coef_mean: ``(p,)`` model-averaged posterior mean of the coefficients.
+    """
+
+    inclusion: np.ndarray
+    models: np.ndarray
+    log_marginal: np.ndarray
+    model_probs: np.ndarray
+    coef_mean: np.ndarray
+
+    def top_models(self, k=5, names=None):
+        """The ``k`` most probable models as ``[(probability, [feature names])]``."""
+        names = list(names) if names is not None else [str(j) for j in range(self.models.shape[1])]
+        order = np.argsort(-self.model_probs)[:k]
+        return [(float(self.model_probs[i]), [n for n, on in zip(names, self.models[i], strict=True) if on])
+                for i in order]
+
+
+def log_marginal_likelihood(x, y, subset, slab_scale, noise_scale):
+    r""":math:`\log p(y \mid \gamma)` of the conjugate model for the features in ``subset`` (a boolean mask)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    n = y.shape[0]
+    s2, t2 = float(noise_scale) ** 2, float(slab_scale) ** 2
+    out = -0.5 * n * math.log(2 * math.pi * s2) - 0.5 * float(y @ y) / s2
+    xs = x[:, np.asarray(subset, dtype=bool)]
+    if xs.shape[1] == 0:
+        return out
+    m = np.eye(xs.shape[1]) + (t2 / s2) * (xs.T @ xs)
+    chol = np.linalg.cholesky(m)
+    xty = xs.T @ y
+    w = np.linalg.solve(chol, xty)  # L^{-1} X'y, so X'y M^{-1} X'y = |w|^2
+    return out - np.log(np.diag(chol)).sum() + 0.5 * (t2 / s2) * float(w @ w) / s2
+
+
+def exact_inclusion_probabilities(x, y, prior_inclusion=0.5, slab_scale=1.0, noise_scale=None):
+    r"""Posterior inclusion probabilities by enumerating all :math:`2^p` models (see the module docstring).
+
+    :param x: ``(n, p)`` design matrix, centred (the model has no intercept); ``p <= 20``.
+    :param y: ``(n,)`` centred response.
+    :param float prior_inclusion: :math:`\pi_0 \in (0, 1)`.
+    :param float slab_scale: :math:`\tau > 0`, the prior standard deviation of an included coefficient.
+    :param noise_scale: :math:`\sigma > 0`; ``None`` uses the residual standard deviation of the
+        full least-squares fit, :math:`\sqrt{\mathrm{RSS}/(n - p)}`.
+    :returns: :class:`ExactSpikeSlab`.
+    """
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"need x of shape (n, p) and y of shape (n,), got {x.shape} and {y.shape}")
+    n, p = x.shape
+    if p > MAX_FEATURES:
+        raise ValueError(f"enumeration of 2^{p} models is too large; at most {MAX_FEATURES} features")
+    if not 0.0 < prior_inclusion < 1.0:
+        raise ValueError(f"prior_inclusion must lie in (0, 1), got {prior_inclusion}")
+    if not slab_scale > 0:
+        raise ValueError(f"slab_scale must be positive, got {slab_scale}")
+    if noise_scale is None:
+        noise_scale = ols_noise_scale(x, y)
+    if not noise_scale > 0:
+        raise ValueError(f"noise_scale must be positive, got {noise_scale}")
+    models = np.array(list(itertools.product([False, True], repeat=p)), dtype=bool).reshape(-1, p)
+    log_ml = np.array([log_marginal_likelihood(x, y, m, slab_scale, noise_scale) for m in models])
+    size = models.sum(1)
+    log_prior = size * math.log(prior_inclusion) + (p - size) * math.log1p(-prior_inclusion)
+    log_post = log_ml + log_prior
+    log_post -= log_post.max()
+    probs = np.exp(log_post)
+    probs /= probs.sum()
+    ratio = (noise_scale / slab_scale) ** 2
+    coef = np.zeros(p)
+    for m, w in zip(models, probs, strict=True):
+        if m.any():
+            xs = x[:, m]
+            coef[m] += w * np.linalg.solve(xs.T @ xs + ratio * np.eye(m.sum()), xs.T @ y)
+    return ExactSpikeSlab(probs @ models, models, log_ml, probs, coef)
+
+
+def ols_noise_scale(x, y):
+    r"""Residual standard deviation of the least-squares fit without intercept, :math:`\sqrt{\mathrm{RSS}/(n - p)}`."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    n, p = x.shape
+    if n <= p:
+        raise ValueError(f"need more rows than columns to estimate the noise, got n={n}, p={p}")
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    resid = y - x @ beta
+    return math.sqrt(float(resid @ resid) / (n - p))
