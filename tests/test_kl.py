@@ -139,6 +139,82 @@ def test_kl_float32():
     assert ((err <= 1e-5 * np.abs(expected)) | (err <= 1e-6)).all()
 
 
+# ============================================================================ shared-parameter fast path
+# A layer's gates against a fixed prior: one temperature and stretch for all, only log_alpha varies.
+SHARED_CASES = [
+    (2.0 / 3.0, 2.0 / 3.0, -1.5, (-0.1, 1.1)),  # the paper's gates against a prior
+    (0.05, 5.0, 3.0, (-0.1, 1.1)),
+    (5.0, 0.05, -30.0, (-0.3, 1.4)),
+    (0.3, 2.0, 30.0, (-0.5, 1.2)),
+]
+SHARED_LOG_ALPHAS = [-30.0, -7.0, -1.0, 0.0, 0.4, 2.5, 9.0, 30.0]
+
+
+def _shared_pair(bq, bp, ap, stretch, dtype, requires_grad=False):
+    a = torch.tensor(SHARED_LOG_ALPHAS, dtype=dtype, requires_grad=requires_grad)
+    return a, HardConcrete(a, bq, *stretch), HardConcrete(torch.tensor(ap, dtype=dtype), bp, *stretch)
+
+
+def _reference_shared(bq, bp, ap, stretch):
+    return reference([((a, bq) + stretch, (ap, bp) + stretch) for a in SHARED_LOG_ALPHAS])
+
+
+@pytest.mark.parametrize("case", SHARED_CASES)
+def test_shared_parameter_kl_matches_reference(case):
+    bq, bp, ap, stretch = case
+    a, q, p = _shared_pair(bq, bp, ap, stretch, torch.float64, requires_grad=True)
+    value = kl_divergence(q, p)
+    assert type(value.grad_fn).__name__ == "_SharedParametersKLBackward"  # the fast path ran
+    _check_float64(value.detach().numpy(), [((x, bq) + stretch, (ap, bp) + stretch) for x in SHARED_LOG_ALPHAS])
+    a32, q32, p32 = _shared_pair(bq, bp, ap, stretch, torch.float32)
+    expected = _reference_shared(bq, bp, ap, stretch)
+    actual = kl_divergence(q32, p32).double().numpy()
+    err = np.abs(actual - expected)
+    assert ((err <= 1e-5 * np.abs(expected)) | (err <= 1e-6)).all(), (actual, expected)
+
+
+@pytest.mark.parametrize("case", SHARED_CASES)
+def test_shared_parameter_kl_gradient_matches_reference_derivative(case):
+    """The closed-form gradient against central differences of the independent reference."""
+    bq, bp, ap, stretch = case
+    a, q, p = _shared_pair(bq, bp, ap, stretch, torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(kl_divergence(q, p).sum(), a)
+    h = 1e-5
+    for x, g in zip(SHARED_LOG_ALPHAS, grad.tolist(), strict=True):
+        up = ref.kl((x + h, bq) + stretch, (ap, bp) + stretch)[0]
+        down = ref.kl((x - h, bq) + stretch, (ap, bp) + stretch)[0]
+        np.testing.assert_allclose(g, (up - down) / (2 * h), rtol=1e-5, atol=1e-9)
+
+
+def test_shared_parameter_kl_gradcheck_and_generic_path():
+    a = torch.tensor([-3.0, -0.2, 0.7, 4.0], dtype=torch.float64, requires_grad=True)
+    prior = HardConcrete(torch.tensor(-1.0, dtype=torch.float64), 0.5)
+    assert torch.autograd.gradcheck(lambda x: kl_divergence(HardConcrete(x, 2.0 / 3.0), prior), (a,))
+    # A learnable prior (or temperature) needs gradients the fast path does not give: generic path.
+    ap = torch.tensor(-1.0, dtype=torch.float64, requires_grad=True)
+    generic = kl_divergence(HardConcrete(a, 2.0 / 3.0), HardConcrete(ap, 0.5))
+    assert type(generic.grad_fn).__name__ != "_SharedParametersKLBackward"
+    fast = kl_divergence(HardConcrete(a, 2.0 / 3.0), prior)
+    torch.testing.assert_close(fast, generic, rtol=1e-12, atol=1e-14)
+    g_fast, g_generic = (torch.autograd.grad(v.sum(), a)[0] for v in (fast, generic))
+    torch.testing.assert_close(g_fast, g_generic, rtol=1e-9, atol=1e-12)
+
+
+def test_shared_parameter_kl_chunks_and_shapes():
+    """Batches larger than one chunk, and a prior with a larger batch shape than q."""
+    from l0bayes.distributions import quadrature
+
+    a = torch.linspace(-8.0, 8.0, quadrature.CHUNK_SIZE + 37, dtype=torch.float64).reshape(-1, 1)
+    prior = HardConcrete(torch.tensor(0.5, dtype=torch.float64))
+    fast = kl_divergence(HardConcrete(a, 2.0 / 3.0), prior)
+    assert fast.shape == a.shape
+    generic = kl_hard_concrete(HardConcrete(a, 2.0 / 3.0), HardConcrete(torch.full_like(a, 0.5), 2.0 / 3.0))
+    torch.testing.assert_close(fast, generic, rtol=1e-12, atol=1e-14)
+    wide = kl_divergence(HardConcrete(torch.tensor([0.0, 1.0], dtype=torch.float64)), prior.expand((3, 2)))
+    assert wide.shape == (3, 2)
+    torch.testing.assert_close(wide[0], wide[2])
+
+
 # ============================================================================ Monte Carlo
 MC_PAIRS = [
     ((0.5, 2.0 / 3.0, -0.1, 1.1), (-1.0, 2.0 / 3.0, -0.1, 1.1)),
