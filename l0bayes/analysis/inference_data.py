@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..distributions import HardConcrete
 from ..nn.gates import HardConcreteGate, gates_of
 
 
@@ -162,8 +163,9 @@ def to_inference_data(
     torch.manual_seed(seed)
     try:
         for gl in layers:
-            q = gl.gate.distribution()
-            z = q.rsample((total,)).double()
+            g = gl.gate  # float64 throughout: exact gate quantities whatever the model's dtype
+            q = HardConcrete(g.log_alpha.detach().double(), g.temperature, g.lower, g.upper)
+            z = q.rsample((total,))
             posterior[gl.var] = z.reshape(num_chains, num_draws, -1).cpu().numpy()
             dims[gl.var] = [gl.dim]
             if weights:

@@ -173,7 +173,8 @@ def plot_gate_heatmap(source, layer=None, quantity="prob_nonzero", image_shape=N
         gl = next(iter(layers.values())) if layer is None else layers.get(layer)
         if gl is None:
             raise ValueError(f"unknown layer {layer!r}; gated layers are {list(layers)}")
-        q = gl.gate.distribution()
+        g = gl.gate
+        q = HardConcrete(g.log_alpha.detach().double(), g.temperature, g.lower, g.upper)
         table = {"log_alpha": q.log_alpha, "prob_nonzero": q.prob_nonzero, "prob_zero": q.prob_zero,
                  "prob_one": q.prob_one, "test_gate": q.deterministic_gate, "active": q.deterministic_gate}
         if quantity == "mean":
