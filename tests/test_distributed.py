@@ -21,15 +21,18 @@ What is compared, and why:
 import os
 import shutil
 import socket
+import time
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from l0bayes.inference import free_energy, train
 from l0bayes.inference.distributed import (
     DataParallelContext,
     DistributedConfig,
+    DistributedError,
     init_distributed,
     is_main_process,
     rank_seed,
@@ -74,7 +77,7 @@ def _state(model):
 
 
 # ---------------------------------------------------------------------------- the 2 ranks
-def _worker(rank, nprocs, port, out):
+def _worker(rank, nprocs, port, port2, out):
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank)
     )
@@ -124,13 +127,31 @@ def _worker(rank, nprocs, port, out):
         _train(_model(), "penalized", batch_size=15)
     except ValueError as err:
         seen["batch_error"] = str(err)
+
+    # A stuck rank: rank 1 joins a new group (2 s timeout) but never calls train(); rank 0 must fail, not hang.
+    dist.destroy_process_group()
+    os.environ["MASTER_PORT"] = str(port2)
+    init_distributed("cpu", timeout_s=2)
+    if rank == 1:
+        time.sleep(4)
+    else:
+        start = time.perf_counter()
+        try:
+            _train(_model(), "penalized", epochs=1)
+        except DistributedError as err:
+            seen["stuck"] = (str(err), time.perf_counter() - start)
     torch.save(seen, os.path.join(out, f"rank{rank}.pt"))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +161,7 @@ def ranks(tmp_path_factory):
     _train(model, "penalized", epochs=1, checkpoint=str(out / "penalized_1proc.pt"), distributed=SHARED)
     # fork where available: the ranks inherit the imported modules (a fresh interpreter costs seconds per rank)
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    mp.start_processes(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True, start_method=method)
+    mp.start_processes(_worker, args=(2, *_free_ports(2), str(out)), nprocs=2, join=True, start_method=method)
     return out, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
@@ -186,6 +207,13 @@ def test_rank_helpers_inside_the_job(ranks):
     assert r0["world_size_before"] == r1["world_size_before"] == 2
     assert r0["is_main"] and not r1["is_main"]
     assert "divisible by the number of processes (2)" in r0["batch_error"]
+
+
+def test_a_stuck_rank_gives_a_clear_error_not_a_hang(ranks):
+    _, (r0, _) = ranks
+    message, seconds = r0["stuck"]
+    assert "rank 0/2" in message and "crashed" in message and "timeout" in message
+    assert seconds < 30
 
 
 def test_checkpoint_from_two_processes_resumes_on_one(ranks, single):

@@ -297,11 +297,17 @@ class DataParallelContext:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # static_graph: the same parameters take part in every step, and unused ones (e.g. a fixed
         # noise scale) are found once instead of by a graph search per step.
-        return DistributedDataParallel(ObjectiveModule(model), device_ids=device_ids, static_graph=True)
+        return self._collective(
+            "setting up DistributedDataParallel (broadcast of rank 0's parameters)",
+            DistributedDataParallel,
+            ObjectiveModule(model),
+            device_ids=device_ids,
+            static_graph=True,
+        )
 
-    def _collective(self, what, fn, *args):
+    def _collective(self, what, fn, *args, **kwargs):
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except Exception as err:  # noqa: BLE001 - re-raised with context
             raise DistributedError(
                 f"rank {self.rank}/{self.world_size}: {what} failed ({type(err).__name__}: {err}). Another process "
