@@ -130,7 +130,8 @@ def train(
     :param model: a module with ``model(x, y, num_data)`` and ``guide(x, y, num_data)`` (the
         models in :mod:`l0bayes.models`). If it also has ``penalized_loss`` (e.g.
         :class:`~l0bayes.models.SparseClassifier`), that fast path is used for the penalised and
-        constrained objectives.
+        constrained objectives, and if it has ``bayes_loss`` (the same free energy as
+        ``TraceMeanField_ELBO`` for the same draws, computed directly), that one for ``"bayes"``.
     :param x, y: the full training set (tensors); minibatches of ``batch_size`` are drawn each epoch
         and the data term is scaled by ``N/B`` (``pyro.plate`` subsampling).
     :param str objective: ``"bayes"``: SVI on the free energy of Eq. 21 with
@@ -181,7 +182,7 @@ def train(
     num_data = x.shape[0]
     batch_size = min(int(batch_size), num_data)
     local_batch = ddp.local_batch_size(batch_size)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=_fused_adam(model))
     elbo = TraceMeanField_ELBO()
     shuffle = torch.Generator().manual_seed(seed)
     num_constraints = len(_gates(model)) if per_layer else 1
@@ -199,6 +200,7 @@ def train(
         ddp.restore_rng(state, seed, _set_rng_state)
 
     fast = hasattr(model, "penalized_loss")
+    fast_bayes = hasattr(model, "bayes_loss")
     steps = math.ceil(num_data / batch_size)
     bar = None
     step_objective = ddp.wrap(model)  # DistributedDataParallel when data-parallel
@@ -210,7 +212,9 @@ def train(
     def step_loss(xb, yb):
         """The objective on this process's minibatch (run inside DDP's forward when data-parallel)."""
         violation = None
-        if objective == "bayes":
+        if objective == "bayes" and fast_bayes:
+            loss = sum(model.bayes_loss(xb, yb, num_data))
+        elif objective == "bayes":
             loss = elbo.differentiable_loss(model.model, model.guide, xb, yb, num_data)
         elif fast:
             nll, cost = model.penalized_loss(xb, yb, num_data)
@@ -282,6 +286,16 @@ def train(
     if not ddp.is_main:
         history = []
     return TrainResult(model=model, history=history, multipliers=multipliers)
+
+
+def _fused_adam(model):
+    """Use PyTorch's fused Adam (one kernel for all parameters) where it supports every parameter.
+
+    The same update rule as the default implementation (up to rounding); on a CPU at minibatch sizes it
+    halves the optimiser's share of a step, which is mostly per-tensor dispatch.
+    """
+    params = list(model.parameters())
+    return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
 def _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size):
