@@ -1,11 +1,14 @@
 """A gated neural network as a Bayesian classifier (Eq. 21) or a penalised one (Eq. 9, 22)."""
 
+import functools
+
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn.gate_set import GateSet
 from ..nn.gates import gate_prior, gates_of, prior_like, pyro_gates
 from ..nn.penalty import expected_l2
 
@@ -18,8 +21,11 @@ class SparseClassifier(nn.Module):
       are ``Categorical(logits=net(x))`` in a plate of size ``num_data`` (scale ``N/B``).
     * ``guide``: the gates' :math:`q(z)` with learnable ``log_alpha``; with
       ``TraceMeanField_ELBO`` the loss is the free energy of Eq. 21 with the analytic KL (Eq. 28).
-    * :meth:`penalized_loss`: the same objective without the KL (Eq. 22 = N times Eq. 9), computed
-      directly in torch for speed.
+    * :meth:`bayes_loss`: the same free energy (Eq. 21) for one gate draw computed directly in torch,
+      all gates in one fused pass (:class:`~l0bayes.nn.gate_set.GateSet`) and the KL in closed-form
+      gradient quadrature: equal to ``TraceMeanField_ELBO``'s loss for the same draws, several times
+      cheaper per step. :func:`~l0bayes.inference.train` uses it for ``objective="bayes"``.
+    * :meth:`penalized_loss`: the same objective without the KL (Eq. 22 = N times Eq. 9), likewise fused.
 
     :param net: the gated network (e.g. :class:`~l0bayes.nn.L0MLP`).
     :param lam: code cost in nats per active parameter (``MATH.md`` section 4: the paper's
@@ -41,6 +47,8 @@ class SparseClassifier(nn.Module):
         self._gates = gates_of(net)
         if not self._gates:
             raise ValueError("the network has no HardConcreteGate modules")
+        self._gate_set = GateSet(net)
+        self._priors = {}
         if isinstance(lam, dict):
             known = {_layer_name(name) for name, _ in self._gates}
             unknown = set(lam) - known
@@ -55,11 +63,12 @@ class SparseClassifier(nn.Module):
             return float(self.lam.get(_layer_name(name), 0.0))
         return float(self.lam)
 
-    def code_cost(self):
+    def code_cost(self, log_alphas=None):
         r""":math:`\sum_l \lambda_l \sum_g |g|\, q(z_g \ne 0)` plus the expected L2 term (nats)."""
-        total = 0.0
-        for name, gate in self._gates:
-            total = total + self._lam(name) * gate.expected_l0()
+        if log_alphas is None:
+            log_alphas = self._gate_set.log_alphas()
+        lams = {name: self._lam(name) for name, _ in self._gates}
+        total = self._gate_set.weighted_l0(log_alphas, lams)
         if self.weight_decay:
             total = total + 0.5 * self.weight_decay * expected_l2(self.net)
         return total
@@ -71,9 +80,16 @@ class SparseClassifier(nn.Module):
     def num_gated_parameters(self):
         return sum(gate.num_gates * gate.group_size for _, gate in self._gates)
 
+    def _prior(self, temperature, lower, upper, like):
+        """The gate prior for gates with these hyper-parameters, cached per dtype and device."""
+        key = (temperature, lower, upper, like.dtype, like.device)
+        if key not in self._priors:
+            prior = gate_prior(self.prior_inclusion, temperature=temperature, lower=lower, upper=upper)
+            self._priors[key] = prior_like(prior, like)
+        return self._priors[key]
+
     def _gate_prior(self, gate):
-        prior = gate_prior(self.prior_inclusion, temperature=gate.temperature, lower=gate.lower, upper=gate.upper)
-        return prior_like(prior, gate.log_alpha)
+        return self._prior(gate.temperature, gate.lower, gate.upper, gate.log_alpha)
 
     def model(self, x, y=None, num_data=None):
         num_data = x.shape[0] if num_data is None else int(num_data)
@@ -87,11 +103,31 @@ class SparseClassifier(nn.Module):
         for name, gate in self._gates:
             pyro.sample(name or "gate", gate.distribution().to_event(1))
 
+    def _forward_sampled(self, x):
+        """Logits with one fused draw of every gate in training mode (Eq. 13 gates in eval mode)."""
+        if not self.net.training:
+            return self.net(x), self._gate_set.log_alphas()
+        with self._gate_set.sampled() as log_alphas:
+            return self.net(x), log_alphas
+
+    def bayes_loss(self, x, y, num_data):
+        r"""Eq. 21 for one gate draw, in nats: ``(nll, gate KL, code cost)``.
+
+        ``nll`` is :math:`-\tfrac{N}{B}\sum_{i \in B} \log p(y_i \mid x_i, z)`, the gate KL is
+        :math:`\sum_g KL(q(z_g) \| p(z_g))` (Eq. 28) and the code cost as in :meth:`code_cost`;
+        their sum is the loss ``TraceMeanField_ELBO`` computes from :meth:`model` and :meth:`guide`
+        for the same draws.
+        """
+        logits, log_alphas = self._forward_sampled(x)
+        nll = F.cross_entropy(logits, y, reduction="mean") * num_data
+        prior = functools.partial(self._prior, like=log_alphas[0])
+        return nll, self._gate_set.kl(log_alphas, prior), self.code_cost(log_alphas)
+
     def penalized_loss(self, x, y, num_data):
         """Eq. 22 in nats: ``num_data * mean cross-entropy + code cost`` (one gate sample per call)."""
-        logits = self.net(x)
+        logits, log_alphas = self._forward_sampled(x)
         nll = F.cross_entropy(logits, y, reduction="mean") * num_data
-        return nll, self.code_cost()
+        return nll, self.code_cost(log_alphas)
 
 
 def _layer_name(gate_name):

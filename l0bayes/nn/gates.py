@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..distributions import HardConcrete
+from ..distributions.stretched_concrete import standard_logistic
 
 
 def log_alpha_for_inclusion(prior_inclusion, temperature=2.0 / 3.0, lower=-0.1, upper=1.1):
@@ -21,9 +22,7 @@ def log_alpha_for_inclusion(prior_inclusion, temperature=2.0 / 3.0, lower=-0.1, 
     return torch.log(pi0) - torch.log1p(-pi0) + temperature * math.log(-lower / upper)
 
 
-def gate_prior(
-    prior_inclusion=None, log_alpha=None, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, validate_args=None
-):
+def gate_prior(prior_inclusion=None, log_alpha=None, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, validate_args=None):
     r"""A hard concrete gate prior :math:`p(z)`, from a prior inclusion probability or explicit parameters.
 
     Give exactly one of ``prior_inclusion`` (:math:`P(z \ne 0) = \pi_0`, Appendix A: "gates being
@@ -85,9 +84,15 @@ class HardConcreteGate(nn.Module):
         self.log_alpha = nn.Parameter(init_log_alpha(num_gates, init_drop_rate, init_std))
         self.site_name = None  # set by pyro_gates()
         self.prior = None
+        self._value = None  # set by GateSet.sampled()
 
     def extra_repr(self):
         return f"num_gates={self.num_gates}, group_size={self.group_size}, temperature={self.temperature:.4g}"
+
+    @property
+    def _log_shift(self):
+        r""":math:`\beta \log(-\gamma/\zeta)`, the ``log_alpha`` at which :math:`q(z \ne 0) = 1/2` (Eq. 12)."""
+        return self.temperature * (math.log(-self.lower) - math.log(self.upper))
 
     def distribution(self):
         """The variational gate distribution :math:`q(z)`: a :class:`HardConcrete` of batch ``(num_gates,)``."""
@@ -97,17 +102,19 @@ class HardConcreteGate(nn.Module):
         if self.site_name is not None:
             prior = self.prior.expand(torch.Size([self.num_gates]))
             return pyro.sample(self.site_name, prior.to_event(1))
+        if self._value is not None:
+            return self._value
         if self.training:
-            return self.distribution().rsample()
+            return hard_concrete_rsample(self.log_alpha, self.temperature, self.lower, self.upper)
         return self.deterministic()
 
     def deterministic(self):
         """Eq. 13, the test-time gate."""
-        return self.distribution().deterministic_gate
+        return torch.sigmoid(self.log_alpha).mul(self.upper - self.lower).add(self.lower).clamp(0.0, 1.0)
 
     def prob_nonzero(self):
-        r"""Eq. 12 per gate, :math:`q(z_g \ne 0)`."""
-        return self.distribution().prob_nonzero
+        r"""Eq. 12 per gate, :math:`q(z_g \ne 0) = \sigma(\log\alpha_g - \beta\log(-\gamma/\zeta))`."""
+        return torch.sigmoid(self.log_alpha - self._log_shift)
 
     def expected_l0(self):
         r"""Eq. 16: :math:`\sum_g |g|\, q(z_g \ne 0)`, the expected number of active parameters."""
@@ -116,6 +123,17 @@ class HardConcreteGate(nn.Module):
     def active(self):
         """Boolean mask of the gates that are open at test time (Eq. 13 gate > 0)."""
         return self.deterministic() > 0
+
+
+def hard_concrete_rsample(log_alpha, temperature, lower, upper):
+    r"""One reparameterised draw of Eq. 10-11 for gates with float ``temperature``, ``lower``, ``upper``.
+
+    The same draws (the same noise, the same operations) as :meth:`HardConcrete.rsample`,
+    without building a distribution object: this is the hot path of every training step.
+    """
+    noise = standard_logistic(log_alpha.shape, log_alpha.dtype, log_alpha.device)
+    s = torch.sigmoid((noise + log_alpha) / temperature)
+    return (s * (upper - lower) + lower).clamp(0.0, 1.0)
 
 
 def gates_of(module):

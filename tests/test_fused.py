@@ -1,0 +1,131 @@
+"""The fused training paths give the same numbers as the per-gate / Pyro computations they replace."""
+
+import pyro
+import pytest
+import torch
+from pyro.infer import TraceMeanField_ELBO
+
+from l0bayes import HardConcrete
+from l0bayes.models import SparseClassifier
+from l0bayes.nn import L0MLP, HardConcreteGate, L0Linear
+from l0bayes.nn.gate_set import GateSet
+from l0bayes.nn.gates import hard_concrete_rsample
+
+
+def _classifier(lam=0.1, dtype=torch.float64, weight_decay=0.0):
+    torch.manual_seed(1)
+    net = L0MLP(20, (16, 8), 3).to(dtype)
+    with torch.no_grad():  # spread the gates over open, closed and undecided
+        for gate in (m for m in net.modules() if isinstance(m, HardConcreteGate)):
+            gate.log_alpha.copy_(torch.linspace(-4.0, 5.0, gate.num_gates, dtype=dtype))
+    return SparseClassifier(net, lam=lam, weight_decay=weight_decay, prior_inclusion=0.3)
+
+
+def _data(dtype=torch.float64, n=32):
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(n, 20, generator=g, dtype=dtype), torch.randint(0, 3, (n,), generator=g)
+
+
+def test_hard_concrete_rsample_equals_distribution_rsample():
+    log_alpha = torch.linspace(-6.0, 6.0, 50, dtype=torch.float64)
+    torch.manual_seed(3)
+    fast = hard_concrete_rsample(log_alpha, 0.5, -0.2, 1.3)
+    torch.manual_seed(3)
+    slow = HardConcrete(log_alpha, 0.5, -0.2, 1.3).rsample()
+    torch.testing.assert_close(fast, slow, rtol=1e-14, atol=1e-15)
+
+
+def test_gate_methods_equal_the_distribution():
+    gate = HardConcreteGate(40, temperature=0.4, lower=-0.3, upper=1.2).double()
+    with torch.no_grad():
+        gate.log_alpha.copy_(torch.linspace(-9.0, 9.0, 40, dtype=torch.float64))
+    d = gate.distribution()
+    torch.testing.assert_close(gate.prob_nonzero(), d.prob_nonzero, rtol=1e-13, atol=1e-300)
+    torch.testing.assert_close(gate.deterministic(), d.deterministic_gate, rtol=1e-13, atol=1e-15)
+
+
+def test_gate_set_sampled_equals_per_gate_draws():
+    """One draw for all gates: the same random stream as drawing gate by gate."""
+    model = _classifier()
+    gates = [m for m in model.net.modules() if isinstance(m, HardConcreteGate)]
+    torch.manual_seed(4)
+    per_gate = [g() for g in gates]
+    torch.manual_seed(4)
+    with model._gate_set.sampled():
+        fused = [g() for g in gates]
+    for a, b in zip(per_gate, fused, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-15)
+    assert all(g._value is None for g in gates)  # reset on exit
+
+
+def test_gate_set_groups_by_hyper_parameters():
+    net = torch.nn.Sequential(
+        L0Linear(6, 5, temperature=0.5), torch.nn.ReLU(), L0Linear(5, 4), L0Linear(4, 2, temperature=0.5)
+    )
+    gs = GateSet(net)
+    assert [g.names for g in gs.groups] == [["0.gate", "3.gate"], ["2.gate"]]
+    weights = {"0.gate": 0.5, "2.gate": 2.0}
+    expected = sum(
+        weights.get(name, 0.0) * layer.gate.expected_l0()
+        for name, layer in (("0.gate", net[0]), ("2.gate", net[2]), ("3.gate", net[3]))
+    )
+    torch.testing.assert_close(gs.weighted_l0(gs.log_alphas(), weights), expected)
+    with pytest.raises(ValueError, match="no HardConcreteGate"):
+        GateSet(torch.nn.Linear(2, 2))
+
+
+def test_code_cost_equals_per_layer_sum():
+    model = _classifier(lam={"fc1": 0.3, "fc3": 2.0}, weight_decay=0.0)
+    expected = 0.3 * model.net.fc1.gate.expected_l0() + 2.0 * model.net.fc3.gate.expected_l0()
+    torch.testing.assert_close(model.code_cost(), expected, rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_bayes_loss_equals_trace_mean_field_elbo(dtype):
+    """Eq. 21 computed directly equals Pyro's TraceMeanField_ELBO loss (analytic KL) on the same draws."""
+    model = _classifier(dtype=dtype)
+    x, y = _data(dtype)
+    num_data = 1000
+    torch.manual_seed(5)
+    pyro.clear_param_store()
+    pyro_loss = TraceMeanField_ELBO().differentiable_loss(model.model, model.guide, x, y, num_data)
+    pyro_grads = torch.autograd.grad(pyro_loss, list(model.parameters()))
+    torch.manual_seed(5)
+    nll, kl, cost = model.bayes_loss(x, y, num_data)
+    fast = nll + kl + cost
+    fast_grads = torch.autograd.grad(fast, list(model.parameters()))
+    tol = {"rtol": 1e-11, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 2e-5, "atol": 1e-3}
+    torch.testing.assert_close(fast, pyro_loss, **tol)
+    for a, b in zip(fast_grads, pyro_grads, strict=True):
+        torch.testing.assert_close(a, b, **tol)
+    # The KL term alone against the distribution-level KL, gate by gate.
+    expected_kl = sum(
+        torch.distributions.kl_divergence(g.distribution(), model._gate_prior(g).expand((g.num_gates,))).sum()
+        for _, g in model._gates
+    )
+    torch.testing.assert_close(kl, expected_kl, **tol)
+
+
+def test_penalized_loss_in_eval_mode_uses_test_time_gates():
+    model = _classifier().eval()
+    x, y = _data()
+    nll1, _ = model.penalized_loss(x, y, 100)
+    nll2, _ = model.penalized_loss(x, y, 100)
+    torch.testing.assert_close(nll1, nll2, rtol=0, atol=0)  # deterministic (Eq. 13)
+
+
+def test_first_layer_weight_gating_matches_input_gating():
+    """L0Linear scales W's columns when x carries no gradient: same output and gradients."""
+    layer = L0Linear(12, 7).double()
+    x = torch.randn(9, 12, dtype=torch.float64)
+    results = []
+    for requires_grad in (False, True):
+        torch.manual_seed(6)
+        xin = x.clone().requires_grad_(requires_grad)
+        out = layer(xin)
+        grads = torch.autograd.grad((out**2).sum(), [layer.weight, layer.bias, layer.gate.log_alpha])
+        results.append((out, grads))
+    (out_a, grads_a), (out_b, grads_b) = results
+    torch.testing.assert_close(out_a, out_b, rtol=1e-13, atol=1e-13)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
