@@ -211,7 +211,8 @@ def main(argv=None):
 
     print(f"# bench_training  {datetime.date.today()}  python {platform.python_version()}  torch {torch.__version__}")
     print(
-        f"# clock={args.clock}  device={device}  threads={torch.get_num_threads()}  cpus={os.cpu_count()}  data={directory} "
+        f"# clock={args.clock}  device={device}  threads={torch.get_num_threads()}  cpus={os.cpu_count()}  "
+        f"data={directory} "
         f"N={num_data}  batch={BATCH_SIZE}  timed steps/method/repeat={steps} "
         f"({'full epoch' if steps == steps_per_epoch else f'extrapolated to {steps_per_epoch} steps'})"
     )
