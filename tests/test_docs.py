@@ -40,8 +40,10 @@ def site(tmp_path_factory):
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "pymdownx"):
         pytest.importorskip(module)
     out = tmp_path_factory.mktemp("site")
+    # No --quiet: it lowers the log level below WARNING, and mkdocs-autorefs then skips its
+    # warnings about unresolved cross-references, so --strict would not see them.
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -76,6 +78,9 @@ def test_strict_build_renders_api_and_math(site):
         text = _text(built)
         for leftover in (":math:`", ":class:`", ":func:`", ":meth:`", ".. math::"):
             assert leftover not in text, (built, leftover)
+    # Cross-references left unresolved by mkdocs-autorefs stay as "[title][identifier]" text.
+    for built in site.rglob("index.html"):
+        assert "][l0bayes." not in built.read_text(encoding="utf-8"), built
     maths = (site / "mathematics" / "index.html").read_text(encoding="utf-8")
     assert maths.count('class="arithmatex"') > 20
 
@@ -89,7 +94,8 @@ def test_rst_roles_extension():
     )
     out = ext.rst_to_markdown(doc)
     assert "\\(a_1\\)" in out
-    assert "[`L0MLP`][l0bayes.nn.L0MLP]" in out and "`torch.sigmoid`" in out
+    assert '<autoref identifier="l0bayes.nn.L0MLP" optional><code>L0MLP</code></autoref>' in out
+    assert "`torch.sigmoid`" in out
     assert "$$\nx = 1\n$$" in out
     assert "```python\n>>> 1 + 1\n2\n```" in out
     assert ":param x: the data\n    (tensors).\n:param y: see ``x``." in out

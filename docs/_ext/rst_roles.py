@@ -7,8 +7,10 @@ roles and directives would show up verbatim. Before parsing, this extension rewr
 
 * ``.. math::`` + indented block  ->  a ``$$ ... $$`` display block (pymdownx.arithmatex),
 * ``:math:`x```                  ->  ``\\(x\\)`` inline math,
-* ``:class:`~a.b.C``` etc.       ->  a link to ``a.b.C`` when it is a full ``l0bayes`` path,
-  otherwise inline code (``C`` with ``~``, else the whole target),
+* ``:class:`~a.b.C``` etc.       ->  an optional cross-reference to ``a.b.C`` when it is a full
+  ``l0bayes`` path (a link if that object is rendered, plain code if not), otherwise inline code
+  (``C`` with ``~``, else the whole target),
+* any other role, e.g. ``fc\\ :sub:`k```  ->  ``fc<sub>k</sub>``; unknown roles -> inline code,
 * a paragraph ending in ``::`` followed by an indented block  ->  a fenced Python block.
 
 The source files are not touched; only the text handed to the renderer changes.
@@ -20,6 +22,8 @@ import textwrap
 import griffe
 
 _INLINE_MATH = re.compile(r":math:`([^`]+)`")
+_SUBSUP = re.compile(r"(?:\\ )?:(sub|sup):`([^`]+)`")
+_OTHER_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`([^`]+)`")
 _XREF = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|obj|exc):`([^`]+)`")
 
 
@@ -31,7 +35,9 @@ def _xref(match):
         return f"`{target.lstrip('.')}`"
     label = target.rsplit(".", 1)[-1] if short else target
     if target.startswith("l0bayes.") and not any(part.startswith("_") for part in target.split(".")):
-        return f"[`{label}`][{target}]"
+        # An optional autoref: a link when the target is rendered somewhere, plain code otherwise
+        # (docstrings may name objects that have no API entry, e.g. a private module's constant).
+        return f'<autoref identifier="{target}" optional><code>{label}</code></autoref>'
     return f"`{label}`"
 
 
@@ -136,7 +142,9 @@ def rst_to_markdown(text):
     text = _blocks(_prose_before_fields(text))
     text = _split_multi_params(text)
     text = _INLINE_MATH.sub(lambda m: "\\(" + m.group(1) + "\\)", text)
-    return _XREF.sub(_xref, text)
+    text = _XREF.sub(_xref, text)
+    text = _SUBSUP.sub(lambda m: f"<{m.group(1)}>{m.group(2)}</{m.group(1)}>", text)
+    return _OTHER_ROLE.sub(lambda m: f"`{m.group(1)}`", text)
 
 
 class RstRoles(griffe.Extension):
