@@ -75,6 +75,7 @@ def worker(args):
     if ctx.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
+    components = step_components(result.model, x, y, args.batch_size // ctx.world_size, ctx)
     if ctx.is_main:
         last = result.history[-1]
         out = {
@@ -88,11 +89,52 @@ def worker(args):
             "epoch_wall_s": last["wall_s"],
             "train_nll_per_image": last["nll"] / x.shape[0],
             "expected_l0": last["expected_l0"],
+            **components,
         }
         print(json.dumps(out), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f)
+
+
+def step_components(model, x, y, local_batch, ctx, reps=50):
+    """Milliseconds of one local step without DDP (forward, backward, Adam) and of the gradient all-reduce.
+
+    Measured after the timed run, with all ranks busy at the same time (so contention shows).
+    """
+    import torch.distributed as dist
+
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    xb, yb = x[:local_batch].to(ctx.device), y[:local_batch].to(ctx.device)
+
+    def local_step():
+        opt.zero_grad(set_to_none=True)
+        nll, cost = model.penalized_loss(xb, yb, x.shape[0])
+        ((nll + cost) / x.shape[0]).backward()
+        opt.step()
+
+    grads = torch.zeros(sum(p.numel() for p in model.parameters()), device=ctx.device)
+
+    def timed(fn):
+        for _ in range(5):
+            fn()
+        if ctx.enabled:
+            dist.barrier()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) / reps * 1e3
+
+    out = {"local_step_ms": timed(local_step)}
+    if ctx.enabled:
+        out["allreduce_ms"] = timed(lambda: dist.all_reduce(grads))
+        out["allreduce_floats"] = grads.numel()
+    return out
 
 
 def launch(k, args, json_path):
@@ -134,8 +176,9 @@ def driver(args):
             for k in args.procs[rot:] + args.procs[:rot]:
                 res = launch(k, args, os.path.join(tmp, f"k{k}_r{r}.json"))
                 results[k].append(res)
-                print(f"  repeat {r + 1}: {k} proc(s): {res['images_per_s']:,.0f} images/s ({res['seconds']:.2f} s)",
-                      flush=True)  # fmt: skip
+                extra = f", gradient all-reduce {res['allreduce_ms']:.2f} ms" if "allreduce_ms" in res else ""
+                print(f"  repeat {r + 1}: {k} proc(s): {res['images_per_s']:,.0f} images/s ({res['seconds']:.2f} s); "
+                      f"local step without DDP {res['local_step_ms']:.2f} ms{extra}", flush=True)  # fmt: skip
     base = statistics.median(res["images_per_s"] for res in results[args.procs[0]])
     base_k = args.procs[0]
     header = ("processes", "local batch", "images/s (median)", "runs", "speed-up", "scaling efficiency")
