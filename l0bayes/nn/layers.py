@@ -123,11 +123,8 @@ class L0Linear(L0Layer):
 
     def forward(self, x):
         z = self.gate()
-        if z.requires_grad and not x.requires_grad and z.dim() == 1 and torch.is_grad_enabled():
-            # The input carries no gradient (a first layer): scaling W's columns instead of x gives
-            # the same output, and z's gradient then comes from the weight gradient that backward
-            # computes anyway, instead of an extra (batch x out) @ (out x in) product.
-            return F.linear(x, self.weight * z, self.bias)
+        # Scaling x (batch x in) rather than W's columns (out x in): measured the cheaper of the two
+        # at minibatch sizes, even for a first layer where it costs an input-gradient product.
         return F.linear(x * z, self.weight, self.bias)
 
     def expected_l2(self):
