@@ -290,6 +290,8 @@ def test_single_process_defaults_and_errors(monkeypatch):
         shard_order(torch.arange(4), 2, 2)
     monkeypatch.setenv("RANK", "1")
     assert not is_main_process()
+    assert not DataParallelContext(None, "cpu").is_main  # agrees with is_main_process()
+    assert DataParallelContext(False, "cpu").is_main  # explicitly on its own
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="MASTER_ADDR"):
         init_distributed("cpu")

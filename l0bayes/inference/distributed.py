@@ -259,16 +259,21 @@ class DataParallelContext:
 
             self.device = resolve_device(device)
             self.rank, self.world_size = 0, 1
+            # Alone, this process records and writes, unless the environment names it another rank
+            # (as is_main_process() does, so that callers checking it agree with train()).
+            self._main = distributed is False or is_main_process()
             return
         self.device = rank_device(device)
         init_distributed(self.device, config.backend, config.timeout_s)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self._main = self.rank == 0
         if self.device.type == "cpu" and dist.get_backend() == "nccl":
             raise ValueError("the process group uses nccl but training runs on the CPU: use the gloo backend")
 
     @property
     def is_main(self):
-        return self.rank == 0
+        """Whether this process shows progress, records the history and writes checkpoints."""
+        return self._main
 
     def seed(self, seed):
         """This rank's seed for gate noise (see :func:`rank_seed`)."""
