@@ -89,6 +89,16 @@ def classifier():
 # ---------------------------------------------------------------------------- InferenceData
 
 
+def test_import_is_lazy():
+    import subprocess
+    import sys
+
+    code = ("import sys, l0bayes.analysis; "
+            "print(sorted(m for m in ('arviz', 'matplotlib', 'pandas', 'xarray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_regression_inference_data_layout_and_values(regression):
     idata = to_inference_data(regression, num_draws=3000, num_chains=2, feature_names=NAMES, weights=True)
     z = idata.posterior["z"]
