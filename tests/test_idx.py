@@ -97,3 +97,55 @@ def test_missing_and_bad_kind(tmp_path):
 def test_find_fashion_mnist_type():
     found = find_fashion_mnist()
     assert found is None or isinstance(found, str)
+
+
+def test_corrupt_gzip_payload(tmp_path):
+    # gzip magic followed by garbage: a clear ValueError, not a zlib/OSError traceback
+    path = _write(tmp_path / "train-images-idx3-ubyte.gz", b"\x1f\x8b\x08\x00" + bytes(range(200)))
+    with pytest.raises(ValueError, match="cannot decompress"):
+        read_idx(path)
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_mnist_format(tmp_path / "nowhere")
+
+
+def test_missing_labels_file(tmp_path):
+    _fixture_dir(tmp_path, gz=True)
+    (tmp_path / "train-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(FileNotFoundError, match="train-labels-idx1-ubyte"):
+        load_mnist_format(tmp_path)
+
+
+def test_wrong_dimensionality_and_type(tmp_path):
+    # labels stored as a 2-d array, images as int32: both rejected with the file named
+    _write(tmp_path / "train-images-idx3-ubyte", _idx_bytes(np.zeros((2, 28, 28), dtype=np.uint8)))
+    _write(tmp_path / "train-labels-idx1-ubyte", _idx_bytes(np.zeros((2, 1), dtype=np.uint8)))
+    with pytest.raises(ValueError, match="labels-idx1-ubyte: expected a uint8 vector"):
+        load_mnist_format(tmp_path)
+    _write(tmp_path / "train-images-idx3-ubyte", _idx_bytes(np.zeros((2, 28, 28)), type_code=0x0C))
+    with pytest.raises(ValueError, match="images-idx3-ubyte: expected a uint8 array"):
+        load_mnist_format(tmp_path)
+
+
+def test_gz_and_raw_give_the_same(tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "gz").mkdir()
+    _fixture_dir(tmp_path / "raw", gz=False)
+    _fixture_dir(tmp_path / "gz", gz=True)
+    for a, b in zip(load_mnist_format(tmp_path / "raw"), load_mnist_format(tmp_path / "gz"), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_find_fashion_mnist_searches_the_known_directories(tmp_path, monkeypatch):
+    import l0bayes.data.idx as idx
+
+    empty, full = tmp_path / "empty", tmp_path / "full"
+    empty.mkdir()
+    full.mkdir()
+    _fixture_dir(full, gz=True)
+    monkeypatch.setattr(idx, "FASHION_MNIST_DIRS", (str(empty), str(full)))
+    assert find_fashion_mnist() == str(full)
+    monkeypatch.setattr(idx, "FASHION_MNIST_DIRS", (str(empty),))
+    assert find_fashion_mnist() is None

@@ -6,6 +6,7 @@ dimensions, then the data in row-major order (big-endian for multi-byte types).
 
 import gzip
 import os
+import zlib
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ def _read_bytes(path):
     try:
         with opener(path, "rb") as f:
             return f.read()
-    except (OSError, EOFError) as err:  # corrupt or truncated gzip stream
+    except (OSError, EOFError, zlib.error) as err:  # corrupt or truncated gzip stream
         raise ValueError(f"{path}: cannot decompress IDX file ({err})") from err
 
 

@@ -1,0 +1,209 @@
+"""The ``l0bayes`` command line end to end on tiny runs: exit codes, files, the table, resume, errors."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from idx_fixtures import write_mnist_dir
+
+import l0bayes.inference
+from l0bayes.cli import main, parse_lam
+from l0bayes.data import load_dataset
+
+TINY = ["--hidden", "16,8", "--epochs", "2", "--no-progress", "--threads", "1"]
+FILES = ("config.json", "history.json", "history.csv", "checkpoint.pt", "pruned.pt", "summary.json")
+
+
+def _error_rate(net, x, y):
+    with torch.no_grad():
+        return float((net(x).argmax(-1) != y).double().mean())
+
+
+def test_fit_in_process(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["fit", *TINY, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for label in ("test error", "architecture", "active parameters", "FLOPs per example", "expected FLOPs",
+                  "objective (Eq. 22), nats", "nll", "code cost", "wall time", "device"):  # fmt: skip
+        assert label in printed, label
+    for name in (*FILES, "training.png", "gates.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    history = json.loads((out / "history.json").read_text())
+    assert [r["epoch"] for r in history] == [1, 2]
+    with open(out / "history.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and float(rows[1]["test_error"]) == pytest.approx(history[1]["test_error"])
+    # the saved pruned model, re-evaluated on an independently loaded test split, gives the reported error
+    saved = torch.load(out / "pruned.pt", weights_only=False)
+    summary = json.loads((out / "summary.json").read_text())
+    data = load_dataset("digits", seed=0)
+    assert _error_rate(saved["model"].eval(), data.x_test, data.y_test) == pytest.approx(summary["test"])
+    assert saved["architecture"] == summary["architecture"] and f"{100 * summary['test']:.2f}%" in printed
+    assert summary["params_pruned"] <= summary["params_dense"] == 64 * 16 + 16 + 16 * 8 + 8 + 8 * 10 + 10
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--model", "lenet5", "--epochs", "1"],
+        ["--model", "linear", "--objective", "bayes", "--slab", "gaussian"],
+        ["--hidden", "16,8", "--objective", "constrained", "--target-density", "0.5", "--per-layer"],
+        ["--hidden", "16,8", "--lam", "fc1=0.1,fc2=0.5", "--batch-size", "64"],
+    ],
+    ids=["lenet5", "linear-bayes", "constrained", "per-layer-lam"],
+)
+def test_fit_variants(tmp_path, capsys, extra):
+    args = ["fit", "--epochs", "2", "--no-progress", "--threads", "1", "--out", str(tmp_path), *extra]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "architecture" in printed and "wall time" in printed
+    assert all((tmp_path / name).is_file() for name in FILES)
+
+
+def test_fit_on_an_idx_directory(tmp_path, capsys):
+    write_mnist_dir(tmp_path / "mnist", n_train=40, n_test=20, gz=True)
+    out = tmp_path / "run"
+    argv = ["--data", "mnist-dir", "--data-dir", str(tmp_path / "mnist"), *TINY, "--out", str(out)]
+    assert main(argv) == 0  # options without the command: `fit` is implied
+    assert "40 train / 0 validation / 20 test, input 1x28x28" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["lr"] == 1e-3  # the paper's default for image sets
+
+
+def test_subprocess_entry_point(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "l0bayes", "fit", "--model", "logistic", "--epochs", "1", "--no-progress",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "test error" in proc.stdout and "of 30 features" in proc.stdout and "q(z != 0)" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert all((out / name).is_file() for name in FILES)
+
+
+def _numbers(history):
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in history]
+
+
+def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path, capsys, monkeypatch):
+    straight = tmp_path / "straight"
+    assert main([*TINY, "--epochs", "3", "--out", str(straight)]) == 0
+
+    real_train = l0bayes.inference.train
+
+    def interrupted(*args, **kwargs):  # one epoch completes (its checkpoint is written), then Ctrl-C
+        real_train(*args, **{**kwargs, "epochs": 1})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(l0bayes.inference, "train", interrupted)
+    run = tmp_path / "run"
+    assert main([*TINY, "--epochs", "3", "--out", str(run)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "--resume" in err and "epoch 1" in err and "Traceback" not in err
+    assert (run / "checkpoint.pt").is_file() and not (run / "history.json").exists()
+
+    monkeypatch.setattr(l0bayes.inference, "train", real_train)
+    assert main(["fit", "--out", str(run), "--resume", "--no-progress"]) == 0  # settings from config.json
+    resumed = json.loads((run / "history.json").read_text())
+    assert [r["epoch"] for r in resumed] == [1, 2, 3]
+    assert _numbers(resumed) == _numbers(json.loads((straight / "history.json").read_text()))
+    # train longer: only --epochs (and device / threads / progress) may change on resume
+    assert main(["fit", "--out", str(run), "--resume", "--epochs", "4", "--no-progress"]) == 0
+    assert len(json.loads((run / "history.json").read_text())) == 4
+
+
+def _one_line_error(capsys, code):
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert lines and lines[-1].startswith("l0bayes") and "error: " in lines[-1]
+    return lines
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "resnet"],
+        ["--epochs", "0"],
+        ["--lr", "-1"],
+        ["--lam", "fc1=abc"],
+        ["--val-fraction", "1.5"],
+        ["--data", "mnist-dir"],
+        ["--model", "linear", "--data", "digits"],
+        ["--model", "lenet5", "--data", "breast-cancer"],
+        ["--objective", "constrained"],
+        ["--target-density", "0.5"],
+        ["--model", "logistic", "--lam", "fc1=0.1"],
+        ["--slab", "gaussian"],
+        ["--resume"],
+        ["frobnicate"],
+    ],
+)
+def test_bad_arguments(argv, capsys, tmp_path):
+    lines = _one_line_error(capsys, main([*argv, "--out", str(tmp_path / "x")] if argv[0] != "frobnicate" else argv))
+    assert not (tmp_path / "x").exists()
+    assert len([line for line in lines if "error" in line]) == 1
+
+
+def test_runtime_errors_are_one_line(tmp_path, capsys):
+    corrupt = tmp_path / "corrupt"
+    write_mnist_dir(corrupt, n_train=10, n_test=5)
+    data = (corrupt / "train-images-idx3-ubyte").read_bytes()
+    (corrupt / "train-images-idx3-ubyte").write_bytes(data[:-7])
+    cases = [
+        (["--data", "mnist-dir", "--data-dir", str(tmp_path / "missing")], "does not exist"),
+        (["--data", "mnist-dir", "--data-dir", str(corrupt)], "truncated"),
+        (["--lam", "fc9=0.1"], "unknown layers"),
+        (["--resume", "--out", str(tmp_path / "never")], "config.json does not exist"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], "CUDA is not available"))
+    for argv, message in cases:
+        argv = argv if "--out" in argv else [*argv, "--out", str(tmp_path / "out")]
+        lines = _one_line_error(capsys, main([*TINY, *argv]))
+        assert len(lines) == 1 and message in lines[0], (argv, lines)
+
+
+def test_resume_refuses_other_settings(tmp_path, capsys):
+    assert main([*TINY, "--epochs", "1", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    lines = _one_line_error(capsys, main(["--resume", "--out", str(tmp_path), "--model", "lenet5"]))
+    assert "differs from the resumed run" in lines[-1]
+
+
+def test_help_and_version(capsys):
+    assert main(["--help"]) == 0
+    assert "fit" in capsys.readouterr().out
+    assert main(["fit", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--lam" in text and "0.1/N" in text and "--resume" in text
+    assert main(["--version"]) == 0
+
+
+def test_parse_lam():
+    assert parse_lam("0.1") == 0.1
+    assert parse_lam("fc1=0.1, fc2=5") == {"fc1": 0.1, "fc2": 5.0}
+    for bad in ("-1", "x", "fc1=", "=0.1", "fc1=-2", "nan"):
+        with pytest.raises(Exception, match="lambda|layer=value|number"):
+            parse_lam(bad)
+
+
+def test_only_rank_zero_writes(tmp_path, capsys, monkeypatch):
+    # under torchrun, train() returns an empty history on ranks > 0; the CLI must then print and write nothing
+    real_train = l0bayes.inference.train
+
+    def other_rank(*args, **kwargs):
+        result = real_train(*args, **{**kwargs, "checkpoint": None})
+        result.history = []
+        return result
+
+    monkeypatch.setattr(l0bayes.inference, "train", other_rank)
+    monkeypatch.setenv("RANK", "1")
+    assert main([*TINY, "--epochs", "1", "--out", str(tmp_path / "r1")]) == 0
+    assert capsys.readouterr().out == ""
+    assert not os.path.exists(tmp_path / "r1" / "history.json")
