@@ -83,6 +83,17 @@ def test_strict_build_renders_api_and_math(site):
         assert "][l0bayes." not in built.read_text(encoding="utf-8"), built
     maths = (site / "mathematics" / "index.html").read_text(encoding="utf-8")
     assert maths.count('class="arithmatex"') > 20
+    # No TeX left in the prose: a "$" that arithmatex did not pair (e.g. "$a + $ b") shows verbatim.
+    own = [site / "index.html"]
+    for page in ("getting-started", "mathematics", "cli", "notebooks", "guide"):
+        own += sorted((site / page).rglob("index.html"))
+    assert len(own) == 9
+    for built in own:
+        body = built.read_text(encoding="utf-8")
+        body = re.sub(r'<(span|div) class="arithmatex">.*?</\1>', "", body, flags=re.DOTALL)
+        body = re.sub(r"<(pre|code|script)\b.*?</\1>", "", body, flags=re.DOTALL)
+        prose = html.unescape(re.sub(r"<[^>]+>", "", body))
+        assert "$" not in prose and "\\(" not in prose, built
 
 
 def test_rst_roles_extension():
@@ -116,3 +127,30 @@ def test_cli_page_covers_every_option():
     page = (DOCS / "cli.md").read_text(encoding="utf-8")
     missing = sorted(option for option in options if option not in page)
     assert not missing, f"docs/cli.md does not mention {missing}; paste the new `l0bayes fit --help` there"
+
+
+def _python_blocks(page):
+    """The ```` ```python ```` blocks of a page (fragments that do not run alone are fenced ```` ```py ````)."""
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.DOTALL | re.MULTILINE)
+
+
+# distributed.md's script is meant for torchrun on Fashion-MNIST; its own tests cover that path.
+PAGES_WITH_CODE = sorted(
+    p.relative_to(DOCS).as_posix()
+    for p in DOCS.rglob("*.md")
+    if "_ext" not in p.parts and p.name != "distributed.md" and _python_blocks(p)
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PAGES_WITH_CODE)
+def test_code_on_the_page_runs(name, tmp_path):
+    """The ``python`` blocks of each page, run in order as one script, finish without error."""
+    pytest.importorskip("sklearn")
+    script = tmp_path / "page.py"
+    script.write_text("\n\n".join(_python_blocks(DOCS / name)), encoding="utf-8")
+    env = {**__import__("os").environ, "MPLBACKEND": "Agg"}
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env
+    )
+    assert proc.returncode == 0, f"{name}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
