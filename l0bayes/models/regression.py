@@ -5,6 +5,7 @@ import math
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro.nn import PyroModule, pyro_method
 from torch import nn
 
 from ..nn.gates import HardConcreteGate, gate_prior, prior_like
@@ -13,8 +14,15 @@ from ..utils import check_xy
 SLABS = ("point", "gaussian")
 
 
-class _SpikeSlabGLM(nn.Module):
+class _SpikeSlabGLM(PyroModule):
     r"""Shared machinery: :math:`\theta_j = \tilde\theta_j z_j`, one hard concrete gate per coefficient.
+
+    A :class:`~pyro.nn.PyroModule`: ``model`` and ``guide`` are Pyro methods, so inside them the
+    module's parameters are ``pyro.param`` sites and Pyro's own ``SVI`` with a ``pyro.optim``
+    optimiser trains them; :func:`~l0bayes.inference.train` optimises ``module.parameters()``
+    with a torch optimiser instead. As with any ``PyroModule``, parameter names in Pyro's global
+    parameter store are the attribute paths (``weight``, ``gate$$$log_alpha``...): call
+    ``pyro.clear_param_store()`` before fitting a second model with Pyro's ``SVI`` in one session.
 
     The model's gate sites ``"z"`` draw from the prior :math:`p(z)` (a hard concrete with
     :math:`P(z \ne 0)` = ``prior_inclusion``), the guide's from :math:`q(z)` with learnable
@@ -91,6 +99,7 @@ class _SpikeSlabGLM(nn.Module):
         pyro.factor("code_cost", -self._code_cost(num_data))
         return x @ self._coefficients(z, noise) + self.bias, y, num_data
 
+    @pyro_method
     def guide(self, x, y=None, num_data=None):
         """The mean-field guide: :math:`q(z_j)` hard concrete with learnable ``log_alpha`` (and the slab noise)."""
         pyro.sample("z", self.gate.distribution().to_event(1))
@@ -129,6 +138,7 @@ class SparseLinearRegression(_SpikeSlabGLM):
             return torch.as_tensor(self.fixed_noise_scale, dtype=self.weight.dtype, device=self.weight.device)
         return self.log_noise_scale.exp()
 
+    @pyro_method
     def model(self, x, y=None, num_data=None):
         mean, y, num_data = self._linear_predictor(x, y, num_data)
         with pyro.plate("data", num_data, subsample=torch.arange(mean.shape[0], device=mean.device)):
@@ -138,6 +148,7 @@ class SparseLinearRegression(_SpikeSlabGLM):
 class SparseLogisticRegression(_SpikeSlabGLM):
     r"""Bayesian variable selection for a binary outcome, :math:`y \sim \mathrm{Bernoulli}(\sigma(X\theta + b))`."""
 
+    @pyro_method
     def model(self, x, y=None, num_data=None):
         logits, y, num_data = self._linear_predictor(x, y, num_data)
         if y is not None and not torch.all((y == 0) | (y == 1)):
