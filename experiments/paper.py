@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -186,7 +187,7 @@ def summarize(out, names, figure=None):
         "params",
         "FLOPs",
         "expected FLOPs",
-        "s/epoch",
+        "s/epoch (median)",
     )
     for name in names:
         loaded = _load(out, name)
@@ -196,7 +197,7 @@ def summarize(out, names, figure=None):
         found[name] = history
         errors = [(r["test_error"], r["epoch"]) for r in history if r.get("test_error") is not None]
         best = min(errors) if errors else (float("nan"), 0)
-        per_epoch = sum(r["wall_s"] for r in history) / max(len(history), 1)
+        per_epoch = statistics.median(r["wall_s"] for r in history) if history else float("nan")
         rows.append(
             (
                 name,
@@ -225,16 +226,14 @@ def _figure(found, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for name, history in found.items():
+    for k, (name, history) in enumerate(found.items()):
         epochs = [r["epoch"] for r in history]
-        style = "--" if name.endswith("dense") else "-"
-        axes[0].plot(epochs, [100 * r["test_error"] for r in history], style, marker=".", label=name)
+        style = {"linestyle": "--" if name.endswith("dense") else "-", "marker": ".", "color": f"C{k}", "label": name}
+        axes[0].plot(epochs, [100 * r["test_error"] for r in history], **style)
         if any("expected_flops" in r for r in history):
-            axes[1].plot(
-                epochs, [r.get("expected_flops", float("nan")) for r in history], style, marker=".", label=name
-            )
+            axes[1].plot(epochs, [r.get("expected_flops", float("nan")) for r in history], **style)
         if any("active_gates" in r for r in history):
-            axes[2].plot(epochs, [sum(r["active_gates"]) for r in history], style, marker=".", label=name)
+            axes[2].plot(epochs, [sum(r["active_gates"]) for r in history], **style)
     axes[0].set_ylabel("test error (%)")
     axes[1].set_ylabel("expected FLOPs per example (Fig. 3)")
     axes[1].set_yscale("log")
