@@ -68,6 +68,15 @@ def _png(fig):
 
 
 @pytest.fixture
+def one_thread():
+    """The training tests use tiny models: one intra-op thread avoids contention on a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def regression():
     model = SparseLinearRegression(5, slab="gaussian")
     with torch.no_grad():
@@ -299,7 +308,7 @@ def test_plot_forest_and_heatmaps(regression, classifier):
         plot_gate_heatmap(classifier, "fc9")
 
 
-def test_plot_expected_flops_from_training_history():
+def test_plot_expected_flops_from_training_history(one_thread):
     from l0bayes.inference import train
 
     torch.manual_seed(0)
@@ -363,7 +372,7 @@ def test_exact_bad_input_and_noise_default():
     assert math.isclose(ols_noise_scale(x, y), math.sqrt(rss / (x.shape[0] - x.shape[1])), rel_tol=1e-12)
 
 
-def test_variational_inclusion_agrees_with_exact_on_diabetes():
+def test_variational_inclusion_agrees_with_exact_on_diabetes(one_thread):
     """Issue 5: Gaussian-slab SVI and the exact conjugate model agree on every clear-cut feature.
 
     Same prior inclusion (0.5), slab scale (1.0) and fixed noise (OLS residual scale) in both
