@@ -207,3 +207,25 @@ def test_only_rank_zero_writes(tmp_path, capsys, monkeypatch):
     assert main([*TINY, "--epochs", "1", "--out", str(tmp_path / "r1")]) == 0
     assert capsys.readouterr().out == ""
     assert not os.path.exists(tmp_path / "r1" / "history.json")
+
+
+@pytest.mark.slow
+def test_real_ctrl_c_in_a_subprocess(tmp_path):
+    """SIGINT to a running ``l0bayes fit``: exit status 130, the hint printed, and --resume finishes the run."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "l0bayes", "fit", *TINY, "--epochs", "2000", "--out", str(out)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (out / "checkpoint.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "resume with --resume" in err and "Traceback" not in err
+    done = torch.load(out / "checkpoint.pt", weights_only=False)["epoch"]
+    assert 1 <= done < 2000
+    assert main(["fit", "--out", str(out), "--resume", "--epochs", str(done + 1), "--no-progress"]) == 0
+    assert len(json.loads((out / "history.json").read_text())) == done + 1
