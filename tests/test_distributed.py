@@ -66,7 +66,8 @@ def _model():
 
 def _train(model, objective, **kwargs):
     x, y = _data()
-    kw = dict(epochs=EPOCHS, batch_size=B, lr=LR, seed=SEED, progress=False)
+    # CPU even where CUDA exists: gloo ranks, and no CUDA context in the parent before fork
+    kw = dict(epochs=EPOCHS, batch_size=B, lr=LR, seed=SEED, progress=False, device="cpu")
     kw.update(OBJECTIVES[objective])
     kw.update(kwargs)
     return train(model, x, y, **kw)
