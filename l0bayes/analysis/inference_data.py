@@ -145,7 +145,7 @@ def to_inference_data(
         (for an MLP input layer: the pixel index, row-major).
     :param bool weights: also draw the gated coefficients :math:`\tilde\theta \odot z` (memory:
         ``num_chains * num_draws`` times the layer's weight count).
-    :param int seed: seed of a private torch generator state (the global RNG is restored).
+    :param int seed: seed of the draws (made on the CPU; torch's global CPU RNG state is restored after).
     :returns: :class:`arviz.InferenceData` with groups ``posterior`` and ``gates`` (module docstring).
     """
     az = import_arviz()
@@ -163,39 +163,37 @@ def to_inference_data(
     torch.manual_seed(seed)
     try:
         for gl in layers:
-            g = gl.gate  # float64 throughout: exact gate quantities whatever the model's dtype
-            q = HardConcrete(g.log_alpha.detach().double(), g.temperature, g.lower, g.upper)
+            g = gl.gate  # float64 on the CPU: exact gate quantities whatever the model's dtype and device
+            q = HardConcrete(g.log_alpha.detach().double().cpu(), g.temperature, g.lower, g.upper)
             z = q.rsample((total,))
-            posterior[gl.var] = z.reshape(num_chains, num_draws, -1).cpu().numpy()
+            posterior[gl.var] = z.reshape(num_chains, num_draws, -1).numpy()
             dims[gl.var] = [gl.dim]
             if weights:
                 if gl.name == "z":
-                    theta = model.weight.detach().double()
+                    theta = model.weight.detach().double().cpu()
                     if getattr(model, "slab", "point") == "gaussian":
-                        noise = torch.randn(total, theta.shape[0], dtype=theta.dtype, device=theta.device)
-                        theta = theta + model.slab_log_scale.detach().double().exp() * noise
+                        noise = torch.randn(total, theta.shape[0], dtype=theta.dtype)
+                        theta = theta + model.slab_log_scale.detach().double().cpu().exp() * noise
                     w, wdims, wname = theta * z, [gl.dim], "theta"
                 else:
                     w, wdims = _weight_draws(gl, z)
                     wname = f"w_{_sanitize(gl.name)}"
-                posterior[wname] = w.reshape(num_chains, num_draws, *w.shape[1:]).cpu().numpy()
+                posterior[wname] = w.reshape(num_chains, num_draws, *w.shape[1:]).numpy()
                 dims[wname] = wdims
-            mean = q.mean
             for key, value in (
                 ("log_alpha", q.log_alpha),
                 ("prob_nonzero", q.prob_nonzero),
                 ("prob_zero", q.prob_zero),
                 ("prob_one", q.prob_one),
-                ("mean", mean),
+                ("mean", q.mean),
                 ("test_gate", q.deterministic_gate),
             ):
-                stats[f"{gl.var}_{key}"] = ((gl.dim,), value.detach().double().cpu().numpy())
+                stats[f"{gl.var}_{key}"] = ((gl.dim,), value.numpy())
             attrs[f"{gl.var}_group_size"] = gl.gate.group_size
             attrs[f"{gl.var}_layer"] = gl.name
     finally:
         torch.set_rng_state(rng_state)
-    all_coords = dict(dim_coords)
-    idata = az.from_dict(posterior=posterior, dims=dims, coords=all_coords)
+    idata = az.from_dict(posterior=posterior, dims=dims, coords=dict(dim_coords))
     gate_coords = {gl.dim: dim_coords[gl.dim] for gl in layers}
     idata.add_groups({"gates": xr.Dataset(stats, coords=gate_coords, attrs=attrs)})
     return idata
