@@ -151,6 +151,18 @@ def test_inference_data_is_seeded_and_leaves_global_rng_alone(regression):
     assert not np.array_equal(a.posterior["z"].values, c.posterior["z"].values)
 
 
+def test_inference_data_survives_netcdf(regression, tmp_path):
+    import arviz as az
+
+    idata = to_inference_data(regression, num_draws=20, feature_names=NAMES)
+    path = tmp_path / "gates.nc"
+    idata.to_netcdf(str(path))
+    back = az.from_netcdf(str(path))
+    assert set(back.groups()) == {"posterior", "gates"}
+    np.testing.assert_array_equal(back.posterior["z"].values, idata.posterior["z"].values)
+    assert median_probability_model(back) == median_probability_model(idata)
+
+
 def test_inference_data_bad_input(regression):
     with pytest.raises(ValueError, match="5 gates but 3"):
         to_inference_data(regression, num_draws=5, feature_names=["a", "b", "c"])
