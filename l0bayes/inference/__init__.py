@@ -1,6 +1,17 @@
-"""Inference: the free energy of Eq. 21 and training."""
+"""Inference: the free energy of Eq. 21, training, and data-parallel training under torchrun."""
 
+from .distributed import DistributedConfig, DistributedError, is_main_process
 from .free_energy import FreeEnergy, free_energy
 from .training import NonFiniteLossError, TrainResult, resolve_device, train
 
-__all__ = ["FreeEnergy", "free_energy", "NonFiniteLossError", "TrainResult", "resolve_device", "train"]
+__all__ = [
+    "DistributedConfig",
+    "DistributedError",
+    "FreeEnergy",
+    "NonFiniteLossError",
+    "TrainResult",
+    "free_energy",
+    "is_main_process",
+    "resolve_device",
+    "train",
+]
