@@ -67,8 +67,8 @@ def test_terms_match_hand_computation(tiny):
     kl = sum(_hand_kl(a, prior_la) for a in (1.5, -0.5))
     code = 0.7 * sum(_hand_prob_nonzero(a) for a in (1.5, -0.5))
     assert float(terms.nll.detach()) == pytest.approx(nll_batch * 12 / 3, rel=1e-10)
-    assert float(terms.gate_kl) == pytest.approx(kl, rel=1e-8)
-    assert float(terms.code_cost) == pytest.approx(code, rel=1e-12)
+    assert float(terms.gate_kl.detach()) == pytest.approx(kl, rel=1e-8)
+    assert float(terms.code_cost.detach()) == pytest.approx(code, rel=1e-12)
     assert float(terms.other_kl) == 0.0
     assert float(terms.total) == pytest.approx(nll_batch * 4 + kl + code, rel=1e-9)
 
