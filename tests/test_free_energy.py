@@ -70,7 +70,7 @@ def test_terms_match_hand_computation(tiny):
     assert float(terms.gate_kl.detach()) == pytest.approx(kl, rel=1e-8)
     assert float(terms.code_cost.detach()) == pytest.approx(code, rel=1e-12)
     assert float(terms.other_kl) == 0.0
-    assert float(terms.total) == pytest.approx(nll_batch * 4 + kl + code, rel=1e-9)
+    assert float(terms.total.detach()) == pytest.approx(nll_batch * 4 + kl + code, rel=1e-9)
 
 
 def test_penalized_objective_drops_only_the_kl_and_is_a_lower_bound(tiny):
