@@ -229,3 +229,12 @@ def test_real_ctrl_c_in_a_subprocess(tmp_path):
     assert 1 <= done < 2000
     assert main(["fit", "--out", str(out), "--resume", "--epochs", str(done + 1), "--no-progress"]) == 0
     assert len(json.loads((out / "history.json").read_text())) == done + 1
+
+
+def test_default_threads_one_on_bundled_sets_only():
+    """Small bundled sets run on one intra-op thread unless --threads says otherwise."""
+    from l0bayes.cli import DEFAULTS, _fill_defaults
+
+    assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": None})["threads"] == 1
+    assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": "digits", "threads": 2})["threads"] == 2
+    assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": "fashion-mnist"})["threads"] is None
