@@ -9,12 +9,11 @@ per group; the results are the same numbers as the per-gate computations.
 """
 
 import contextlib
-import math
 
 import torch
 
 from ..distributions import HardConcrete, kl_hard_concrete
-from .gates import gates_of, hard_concrete_rsample
+from .gates import gates_of, hard_concrete_rsample, log_alpha_at_half
 
 
 class _Group:
@@ -25,7 +24,7 @@ class _Group:
         self.names = [name for name, _ in members]
         self.gates = [gate for _, gate in members]
         self.sizes = [gate.num_gates for gate in self.gates]
-        self.log_shift = self.temperature * (math.log(-self.lower) - math.log(self.upper))
+        self.log_shift = log_alpha_at_half(self.temperature, self.lower, self.upper)
         self._cache = {}
 
     def log_alpha(self):

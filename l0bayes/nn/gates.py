@@ -22,6 +22,11 @@ def log_alpha_for_inclusion(prior_inclusion, temperature=2.0 / 3.0, lower=-0.1, 
     return torch.log(pi0) - torch.log1p(-pi0) + temperature * math.log(-lower / upper)
 
 
+def log_alpha_at_half(temperature, lower, upper):
+    r""":math:`\beta \log(-\gamma/\zeta)`, the ``log_alpha`` at which :math:`q(z \ne 0) = 1/2` (Eq. 12), for floats."""
+    return temperature * (math.log(-lower) - math.log(upper))
+
+
 def gate_prior(prior_inclusion=None, log_alpha=None, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, validate_args=None):
     r"""A hard concrete gate prior :math:`p(z)`, from a prior inclusion probability or explicit parameters.
 
@@ -89,11 +94,6 @@ class HardConcreteGate(nn.Module):
     def extra_repr(self):
         return f"num_gates={self.num_gates}, group_size={self.group_size}, temperature={self.temperature:.4g}"
 
-    @property
-    def _log_shift(self):
-        r""":math:`\beta \log(-\gamma/\zeta)`, the ``log_alpha`` at which :math:`q(z \ne 0) = 1/2` (Eq. 12)."""
-        return self.temperature * (math.log(-self.lower) - math.log(self.upper))
-
     def distribution(self):
         """The variational gate distribution :math:`q(z)`: a :class:`HardConcrete` of batch ``(num_gates,)``."""
         return HardConcrete(self.log_alpha, self.temperature, self.lower, self.upper)
@@ -114,7 +114,7 @@ class HardConcreteGate(nn.Module):
 
     def prob_nonzero(self):
         r"""Eq. 12 per gate, :math:`q(z_g \ne 0) = \sigma(\log\alpha_g - \beta\log(-\gamma/\zeta))`."""
-        return torch.sigmoid(self.log_alpha - self._log_shift)
+        return torch.sigmoid(self.log_alpha - log_alpha_at_half(self.temperature, self.lower, self.upper))
 
     def expected_l0(self):
         r"""Eq. 16: :math:`\sum_g |g|\, q(z_g \ne 0)`, the expected number of active parameters."""
