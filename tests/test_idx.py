@@ -1,30 +1,14 @@
 """The IDX reader on tiny fixture files (no real data needed)."""
 
 import gzip
-import struct
 
 import numpy as np
 import pytest
 import torch
+from idx_fixtures import idx_bytes as _idx_bytes
+from idx_fixtures import write as _write
 
 from l0bayes.data import find_fashion_mnist, load_mnist_format, read_idx
-
-
-def _idx_bytes(arr, type_code=0x08, dims=None):
-    arr = np.asarray(arr)
-    dims = arr.shape if dims is None else dims
-    header = struct.pack(">BBBB", 0, 0, type_code, len(dims)) + struct.pack(f">{len(dims)}I", *dims)
-    dtype = {0x08: ">u1", 0x0C: ">i4", 0x0D: ">f4"}[type_code]
-    return header + arr.astype(dtype).tobytes()
-
-
-def _write(path, payload, gz=False):
-    if gz:
-        with gzip.open(path, "wb") as f:
-            f.write(payload)
-    else:
-        path.write_bytes(payload)
-    return path
 
 
 def _fixture_dir(tmp_path, n_images=3, n_labels=3, gz=False, kind="train"):
