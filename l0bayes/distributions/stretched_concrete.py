@@ -27,6 +27,17 @@ def standard_logistic(shape, dtype, device):
     return torch.log(u) - torch.log1p(-u)
 
 
+def stretched_concrete_rsample(shape, log_alpha, temperature, lower, upper):
+    r"""A reparameterised draw of Eq. 10, :math:`\gamma + (\zeta - \gamma)\,\sigma((L + \log\alpha)/\beta)`.
+
+    ``shape`` is the sample shape including ``log_alpha``'s; ``temperature``, ``lower`` and ``upper``
+    may be tensors broadcasting against it or plain floats (the hot path of the gated layers).
+    """
+    noise = standard_logistic(shape, log_alpha.dtype, log_alpha.device)
+    s = torch.sigmoid((noise + log_alpha) / temperature)
+    return s * (upper - lower) + lower
+
+
 class ConcreteParameters(TorchDistribution):
     """Parameters ``(log_alpha, temperature, lower, upper)`` shared by the concrete distributions.
 
@@ -96,9 +107,7 @@ class StretchedConcrete(ConcreteParameters):
     def rsample(self, sample_shape=torch.Size()):
         """Reparameterised sample of Eq. 10 (before the hard sigmoid of Eq. 11)."""
         shape = self._extended_shape(sample_shape)
-        noise = standard_logistic(shape, self.log_alpha.dtype, self.log_alpha.device)
-        s = torch.sigmoid((noise + self.log_alpha) / self.temperature)
-        return torch.addcmul(self.lower, self.upper - self.lower, s)
+        return stretched_concrete_rsample(shape, self.log_alpha, self.temperature, self.lower, self.upper)
 
     def log_prob(self, value):
         """Log density of Eq. 23/25 in the overflow-free form; ``-inf`` outside ``(lower, upper)``."""

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..distributions import HardConcrete
-from ..distributions.stretched_concrete import standard_logistic
+from ..distributions.stretched_concrete import stretched_concrete_rsample
 
 
 def log_alpha_for_inclusion(prior_inclusion, temperature=2.0 / 3.0, lower=-0.1, upper=1.1):
@@ -131,9 +131,7 @@ def hard_concrete_rsample(log_alpha, temperature, lower, upper):
     The same draws (the same noise, the same operations) as :meth:`HardConcrete.rsample`,
     without building a distribution object: this is the hot path of every training step.
     """
-    noise = standard_logistic(log_alpha.shape, log_alpha.dtype, log_alpha.device)
-    s = torch.sigmoid((noise + log_alpha) / temperature)
-    return (s * (upper - lower) + lower).clamp(0.0, 1.0)
+    return stretched_concrete_rsample(log_alpha.shape, log_alpha, temperature, lower, upper).clamp(0.0, 1.0)
 
 
 def gates_of(module):
