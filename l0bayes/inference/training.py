@@ -1,5 +1,6 @@
 """One training entry point: SVI on Eq. 21, the penalised Eq. 22, or constrained sparsity (slides)."""
 
+import contextlib
 import math
 import os
 import random
@@ -124,6 +125,8 @@ def train(
     progress=True,
     input_shape=None,
     distributed=None,
+    log_alpha_range=None,
+    ema_decay=None,
 ):
     r"""Train a sparse model with minibatch Adam.
 
@@ -153,6 +156,16 @@ def train(
         of every epoch and draws its own gates, and only rank 0 records history, shows progress and
         writes checkpoints (other ranks return an empty history). ``False`` disables it; a
         :class:`~l0bayes.inference.distributed.DistributedConfig` sets backend, timeout and gate noise.
+    :param log_alpha_range: ``(low, high)``: after every step each gate's ``log_alpha`` is projected onto
+        ``[low, high]``. The paper's code uses ``(log 0.01, log 100)``: a kept gate then stays exactly 1
+        only with probability about 0.95 (Eq. 12 with ``temperature=2/3``), so some gate noise remains
+        for the whole run instead of vanishing as ``log_alpha`` grows without bound. ``None``: no projection.
+    :param ema_decay: ``beta`` in ``[0, 1)``: keep the exponential moving average of all parameters,
+        :math:`\bar\theta_t = \sum_{s \le t} (1-\beta)\beta^{t-s}\theta_s / (1-\beta^t)` (bias-corrected),
+        and report every epoch's record (free energy, gates, test error, FLOPs) for the averaged
+        parameters, which the returned model holds at the end (the raw ones go on training and are
+        what a checkpoint resumes from). The paper's code evaluates with ``beta = 0.999``. ``None``: no
+        averaging.
     :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
         L0, expected FLOPs, test error, multipliers and constraint values, wall time).
     :raises NonFiniteLossError: when the objective becomes NaN or infinite.
@@ -164,6 +177,12 @@ def train(
             raise ValueError(f"constrained training needs target_density in (0, 1], got {target_density!r}")
     if int(epochs) < 0 or int(batch_size) < 1 or not lr > 0:
         raise ValueError("epochs must be >= 0, batch_size >= 1 and lr > 0")
+    if log_alpha_range is not None:
+        low, high = (float(v) for v in log_alpha_range)
+        if not low < high:
+            raise ValueError(f"log_alpha_range must be (low, high) with low < high, got {log_alpha_range!r}")
+    if ema_decay is not None and not 0.0 <= float(ema_decay) < 1.0:
+        raise ValueError(f"ema_decay must lie in [0, 1), got {ema_decay!r}")
     if not torch.is_tensor(x) or (y is not None and not torch.is_tensor(y)):
         raise TypeError("x and y must be torch tensors")
     if y is not None and y.shape[0] != x.shape[0]:
@@ -188,6 +207,8 @@ def train(
     num_constraints = len(_gates(model)) if per_layer else 1
     multipliers = torch.zeros(num_constraints, device=device)
     history, start_epoch = [], 0
+    log_alphas = [g.log_alpha for _, g in _gates(model)] if log_alpha_range is not None else []
+    average = ParameterAverage(model, ema_decay) if ema_decay is not None else None
 
     if resume:
         state = ddp.load(checkpoint, map_location=device)
@@ -198,6 +219,12 @@ def train(
         start_epoch = state["epoch"]
         shuffle.set_state(state["shuffle"])
         ddp.restore_rng(state, seed, _set_rng_state)
+        if average is not None:
+            if "ema" not in state:
+                raise ValueError(
+                    f"checkpoint {checkpoint!r} holds no parameter average: it was not trained with ema_decay"
+                )
+            average.load_state_dict(state["ema"])
 
     fast = hasattr(model, "penalized_loss")
     fast_bayes = hasattr(model, "bayes_loss")
@@ -249,6 +276,12 @@ def train(
                 )
             objective_value.backward()
             optimizer.step()
+            if log_alphas:
+                with torch.no_grad():
+                    torch._foreach_clamp_min_(log_alphas, low)
+                    torch._foreach_clamp_max_(log_alphas, high)
+            if average is not None:
+                average.update()
             if objective == "constrained":
                 # Projected gradient ascent on the multipliers (d Lagrangian / d mu = violation).
                 with torch.no_grad():
@@ -264,28 +297,96 @@ def train(
             if checkpoint is not None:
                 ddp.gather(_rng_state())
             continue
-        record = _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size)
-        record["wall_s"] = time.perf_counter() - start
-        if objective == "constrained":
-            record["multipliers"] = multipliers.tolist()
-            record["constraint"] = _constraint_values(model, per_layer).detach().tolist()
-            record["target_density"] = float(target_density)
-        if test_data is not None:
-            record["test_error"] = _error_rate(model, test_data[0], test_data[1], 1000, device)
-        if input_shape is not None:
-            record.update(_flops_record(model, input_shape))
+        wall = time.perf_counter() - start
+        with average.swapped() if average is not None else contextlib.nullcontext():
+            record = _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size)
+            record["wall_s"] = wall
+            if objective == "constrained":
+                record["multipliers"] = multipliers.tolist()
+                record["constraint"] = _constraint_values(model, per_layer).detach().tolist()
+                record["target_density"] = float(target_density)
+            if test_data is not None:
+                record["test_error"] = _error_rate(model, test_data[0], test_data[1], 1000, device)
+            if input_shape is not None:
+                record.update(_flops_record(model, input_shape))
         history.append(record)
         if bar is not None:
             bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("free_energy", "test_error")})
         if checkpoint is not None:
-            extra = ddp.checkpoint_extra(ddp.gather(_rng_state())) if ddp.enabled else None
+            extra = ddp.checkpoint_extra(ddp.gather(_rng_state())) if ddp.enabled else {}
+            if average is not None:
+                extra["ema"] = average.state_dict()
             _save(checkpoint, model, optimizer, multipliers, history, epoch + 1, shuffle, extra)
     if bar is not None:
         bar.close()
+    if average is not None and average.steps > 0:
+        average.copy_to_model()
     ddp.close()
     if not ddp.is_main:
         history = []
     return TrainResult(model=model, history=history, multipliers=multipliers)
+
+
+class ParameterAverage:
+    r"""Bias-corrected exponential moving average of a module's parameters (Polyak-Ruppert style).
+
+    After ``t`` calls of :meth:`update`, the average is
+    :math:`\bar\theta_t = (1-\beta)\sum_{s=1}^{t}\beta^{t-s}\theta_s / (1-\beta^t)`: a weighted mean of the
+    iterates with weights summing to one (the accumulator starts at zero, as Adam's moments do).
+    :meth:`swapped` puts the average into the module for evaluation and the raw parameters back after.
+    """
+
+    def __init__(self, module, decay):
+        self.decay = float(decay)
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"decay must lie in [0, 1), got {decay!r}")
+        self.params = [p for p in module.parameters()]
+        self.sums = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+        self.steps = 0
+
+    @torch.no_grad()
+    def update(self):
+        """Fold the current parameters into the average: ``s <- beta s + (1 - beta) theta``."""
+        torch._foreach_lerp_(self.sums, [p.detach() for p in self.params], 1.0 - self.decay)
+        self.steps += 1
+
+    def averaged(self):
+        """The bias-corrected averages, one tensor per parameter."""
+        if self.steps == 0:
+            raise RuntimeError("no update yet: the average is undefined")
+        correction = 1.0 - self.decay**self.steps
+        return [s / correction for s in self.sums]
+
+    @torch.no_grad()
+    def copy_to_model(self):
+        """Overwrite the module's parameters with the average."""
+        torch._foreach_copy_(self.params, self.averaged())
+
+    @contextlib.contextmanager
+    def swapped(self):
+        """Within the context the module holds the averaged parameters (no-op before the first update)."""
+        if self.steps == 0:
+            yield
+            return
+        with torch.no_grad():
+            raw = [p.detach().clone() for p in self.params]
+            self.copy_to_model()
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, raw)
+
+    def state_dict(self):
+        return {"decay": self.decay, "steps": self.steps, "sums": [s.detach().cpu().clone() for s in self.sums]}
+
+    def load_state_dict(self, state):
+        if len(state["sums"]) != len(self.sums):
+            raise ValueError(f"average holds {len(state['sums'])} tensors, the model {len(self.sums)} parameters")
+        with torch.no_grad():
+            for s, saved in zip(self.sums, state["sums"], strict=True):
+                s.copy_(saved)
+        self.steps = int(state["steps"])
 
 
 def _fused_adam(model):
