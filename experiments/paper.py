@@ -95,6 +95,8 @@ def run_l0(name, args, out):
         command += ["--data-dir", args.data_dir]
     if args.ema > 0:
         command += ["--ema", str(args.ema)]
+    if args.init != "torch":
+        command += ["--init", args.init]
     if args.log_alpha_range != "none":
         command += ["--log-alpha-range", args.log_alpha_range]
     if args.threads:
@@ -121,7 +123,10 @@ def run_dense(name, args, out):
     device = resolve_device(args.device)
     data = load_dataset(args.data, data_dir=args.data_dir, seed=args.seed)
     torch.manual_seed(args.seed)
-    net = MLP(784, (300, 100), 10) if name == "mlp-dense" else LeNet5(1, 10, 28)
+    if name == "mlp-dense":
+        net = MLP(784, (300, 100), 10, weight_init=args.init)
+    else:
+        net = LeNet5(1, 10, 28, weight_init=args.init)
     net = net.to(device)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
     average = ParameterAverage(net, args.ema) if args.ema > 0 else None
@@ -276,6 +281,12 @@ def main(argv=None):
         "--ema", type=float, default=0.999, help="parameter-average decay used for evaluation (0: last iterate)"
     )
     parser.add_argument("--log-alpha-range", default="paper", help="LOW,HIGH, 'paper' ([log 0.01, log 100]) or 'none'")
+    parser.add_argument(
+        "--init",
+        choices=("torch", "he"),
+        default="torch",
+        help="weight initialisation of every run (l0bayes fit --init)",
+    )
     parser.add_argument("--out", default="runs/paper")
     parser.add_argument("--figure", default=None, help="PNG of the per-epoch histories (default OUT/history.png)")
     parser.add_argument("--summarize-only", action="store_true")

@@ -51,6 +51,7 @@ DEFAULTS = {
     "prior_inclusion": 0.5,
     "slab": "point",
     "hidden": None,
+    "init": None,
     "epochs": None,
     "batch_size": 100,
     "lr": None,
@@ -214,6 +215,13 @@ def build_parser():
         default=None,
         help="linear/logistic: point-estimate slab with a code cost (Eq. 21) or Gaussian slab (Eq. 20)",
     )
+    g.add_argument(
+        "--init",
+        choices=("torch", "he"),
+        default=None,
+        help="mlp/lenet5 weight initialisation: torch (default, as torch.nn.Linear/Conv2d) or he (N(0, 2/fan_in), "
+        "zero bias: the paper's code)",
+    )
     g = fit.add_argument_group("objective")
     g.add_argument(
         "--objective",
@@ -339,6 +347,8 @@ def _check(cfg):
             raise CLIError(f"--model {model} has one gated layer: give --lam as a number")
         if cfg["hidden"] is not None:
             raise CLIError(f"--hidden only applies to --model mlp, not {model}")
+        if cfg["init"] is not None:
+            raise CLIError(f"--init only applies to the networks (mlp, lenet5), not {model}")
         if cfg["weight_decay"]:
             raise CLIError(f"--weight-decay only applies to the networks, not {model}")
         if cfg["lam"] is not None and cfg["slab"] == "gaussian":
@@ -410,13 +420,24 @@ def build_model(cfg, data):
         return cls(data.num_features, prior_inclusion=cfg["prior_inclusion"], slab=cfg["slab"], code_cost=cfg["lam"])
     if model == "mlp":
         hidden = cfg["hidden"] or default_hidden(data)
-        net = L0MLP(in_features=data.num_features, hidden=tuple(hidden), num_classes=data.num_classes)
+        net = L0MLP(
+            in_features=data.num_features,
+            hidden=tuple(hidden),
+            num_classes=data.num_classes,
+            weight_init=cfg.get("init") or "torch",
+        )
     else:
         if not data.is_image:
             raise CLIError(f"--model lenet5 needs image data, {data.name} has input shape {data.input_shape}")
         channels, height, width = data.input_shape
         padding = 0 if min(height, width) >= 28 else 2
-        net = L0LeNet5(in_channels=channels, num_classes=data.num_classes, input_size=(height, width), padding=padding)
+        net = L0LeNet5(
+            in_channels=channels,
+            num_classes=data.num_classes,
+            input_size=(height, width),
+            padding=padding,
+            weight_init=cfg.get("init") or "torch",
+        )
     try:
         return SparseClassifier(
             net, lam=cfg["lam"], weight_decay=cfg["weight_decay"], prior_inclusion=cfg["prior_inclusion"]

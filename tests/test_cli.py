@@ -53,7 +53,7 @@ def test_fit_in_process(tmp_path, capsys):
         ["--model", "linear", "--objective", "bayes", "--slab", "gaussian"],
         ["--hidden", "16,8", "--objective", "constrained", "--target-density", "0.5", "--per-layer"],
         ["--hidden", "16,8", "--lam", "fc1=0.1,fc2=0.5", "--batch-size", "64"],
-        ["--hidden", "16,8", "--ema", "0.99", "--log-alpha-range", "paper"],
+        ["--hidden", "16,8", "--ema", "0.99", "--log-alpha-range", "paper", "--init", "he"],
     ],
     ids=["lenet5", "linear-bayes", "constrained", "per-layer-lam", "paper-protocol"],
 )
@@ -148,6 +148,8 @@ def _one_line_error(capsys, code):
         ["--slab", "gaussian"],
         ["--resume"],
         ["--ema", "1"],
+        ["--init", "xavier"],
+        ["--model", "linear", "--init", "he"],
         ["--log-alpha-range", "3,1"],
         ["--log-alpha-range", "1,2,3"],
         ["frobnicate"],
@@ -247,3 +249,13 @@ def test_default_threads_one_on_bundled_sets_only():
     assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": None})["threads"] == 1
     assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": "digits", "threads": 2})["threads"] == 2
     assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": "fashion-mnist"})["threads"] is None
+
+
+def test_init_option_reaches_the_network(tmp_path):
+    from l0bayes.cli import build_model, build_parser, resolve_config
+
+    data = load_dataset("digits", seed=0)
+    for init, zero_bias in (("he", True), ("torch", False)):
+        cfg = resolve_config(build_parser().parse_args(["fit", "--init", init, "--out", str(tmp_path)]))
+        biases = [m.bias for m in build_model(cfg, data).modules() if getattr(m, "bias", None) is not None]
+        assert biases and all(bool((b == 0).all()) == zero_bias for b in biases)

@@ -420,3 +420,38 @@ def test_prune_generic_sequential():
         torch.testing.assert_close(prune(single)(x), single(x))
     with pytest.raises(TypeError, match="not supported"):
         prune(nn.Sequential(L0Linear(3, 3), nn.LayerNorm(3)))
+
+
+def test_weight_init_schemes():
+    """``torch`` draws from torch.nn's distributions; ``he`` is N(0, 2 / fan_in) with zero bias."""
+    from l0bayes.nn import L0MLP, MLP, L0Conv2d, L0LeNet5, L0Linear
+
+    torch.manual_seed(0)
+    for layer, fan_in in ((L0Linear(1500, 800), 1500), (L0Conv2d(60, 400, 5), 1500)):
+        w, bound = layer.weight.detach().double().flatten(), 1.0 / math.sqrt(fan_in)
+        # torch.nn's: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights (sd bound / sqrt 3) and bias
+        assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.999 * bound
+        assert float(w.std()) == pytest.approx(bound / math.sqrt(3.0), rel=5e-3)
+        assert float(layer.bias.abs().max()) <= bound and torch.count_nonzero(layer.bias) == layer.bias.numel()
+    torch.manual_seed(0)
+    for layer, fan_in in (
+        (L0Linear(1500, 800, weight_init="he"), 1500),
+        (L0Conv2d(60, 400, 5, weight_init="he"), 1500),
+    ):
+        w = layer.weight.detach().double().flatten()
+        # 1.2e6 draws: the sample sd is within 0.5% of sqrt(2 / fan_in) (its s.e. is 0.07%), mean ~ 0
+        assert float(w.std()) == pytest.approx(math.sqrt(2.0 / fan_in), rel=5e-3)
+        assert abs(float(w.mean())) < 5 * math.sqrt(2.0 / fan_in) / math.sqrt(w.numel())
+        assert torch.count_nonzero(layer.bias) == 0
+    nets = (
+        L0MLP(64, (32,), 10, init_drop_rates=(0.2, 0.5), weight_init="he"),
+        MLP(64, (32,), 10, weight_init="he"),
+        L0LeNet5(weight_init="he"),
+    )
+    for net in nets:
+        for module in net.modules():
+            if hasattr(module, "weight") and module.weight is not None:
+                assert torch.count_nonzero(module.bias) == 0
+    for bad in (lambda: L0Linear(3, 2, weight_init="xavier"), lambda: MLP(3, (2,), 2, weight_init="glorot")):
+        with pytest.raises(ValueError, match="weight_init"):
+            bad()

@@ -9,7 +9,7 @@ from .gates import (
     prior_like,
     pyro_gates,
 )
-from .layers import L0Conv2d, L0Layer, L0Linear
+from .layers import L0Conv2d, L0Layer, L0Linear, init_weights_
 from .networks import L0MLP, MLP, L0LeNet5, LeNet5, lenet5_flat_size
 from .penalty import expected_l0, expected_l2, l0_layers, penalty
 from .prune import (
@@ -27,6 +27,7 @@ __all__ = [
     "gate_prior",
     "gates_of",
     "init_log_alpha",
+    "init_weights_",
     "log_alpha_for_inclusion",
     "prior_like",
     "pyro_gates",

@@ -15,6 +15,33 @@ from torch import nn
 
 from .gates import HardConcreteGate
 
+WEIGHT_INITS = ("torch", "he")
+
+
+def init_weights_(weight, bias=None, scheme="torch"):
+    r"""Initialise a linear or convolutional layer's ``weight`` (``(out, in, ...)``) and ``bias`` in place.
+
+    ``"torch"``: the initialisation of :class:`torch.nn.Linear` / :class:`torch.nn.Conv2d`, uniform with
+    standard deviation :math:`1/\sqrt{3\,\text{fan\_in}}` for the weights and bound
+    :math:`1/\sqrt{\text{fan\_in}}` for the bias. ``"he"``: He et al.'s normal initialisation,
+    :math:`N(0, 2/\text{fan\_in})`, and zero bias, as in the paper's public code (whose dense layers store
+    the weight transposed and call it with ``mode="fan_out"``, which is the fan-in there). ``fan_in`` is
+    ``in * kh * kw``.
+    """
+    if scheme not in WEIGHT_INITS:
+        raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {scheme!r}")
+    fan_in = weight[0].numel()
+    with torch.no_grad():
+        if scheme == "he":
+            nn.init.kaiming_normal_(weight, mode="fan_in", nonlinearity="relu")
+            if bias is not None:
+                bias.zero_()
+            return
+        nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+        if bias is not None:
+            bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+            nn.init.uniform_(bias, -bound, bound)
+
 
 def _pair(value):
     if isinstance(value, (tuple, list)):
@@ -80,6 +107,8 @@ class L0Linear(L0Layer):
     :param init_drop_rate: initial dropout rate; ``log_alpha`` starts at
         :math:`N(\mathrm{logit}(1 - d), 0.01^2)` (Section 4, :func:`~l0bayes.nn.gates.init_log_alpha`).
     :param temperature: :math:`\beta`; ``lower``, ``upper``: :math:`\gamma, \zeta` (Eq. 10).
+    :param weight_init: ``"torch"`` (default, as :class:`torch.nn.Linear`) or ``"he"`` (the paper's code),
+        see :func:`init_weights_`.
     """
 
     def __init__(
@@ -92,8 +121,12 @@ class L0Linear(L0Layer):
         lower=-0.1,
         upper=1.1,
         init_std=0.01,
+        weight_init="torch",
     ):
         super().__init__()
+        if weight_init not in WEIGHT_INITS:
+            raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
+        self.weight_init = weight_init
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.weight = nn.Parameter(torch.empty(self.out_features, self.in_features))
         if bias:
@@ -112,11 +145,8 @@ class L0Linear(L0Layer):
         self.reset_parameters()
 
     def reset_parameters(self):
-        """The initialisation of :class:`torch.nn.Linear` (the gate is left untouched)."""
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
-            nn.init.uniform_(self.bias, -bound, bound)
+        """Weights and bias by ``weight_init`` (:func:`init_weights_`); the gate is left untouched."""
+        init_weights_(self.weight, self.bias, self.weight_init)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -151,7 +181,7 @@ class L0Conv2d(L0Layer):
 
     Group size :math:`|g|` = ``in_channels * kh * kw``, the weights of one map; the map's bias
     is gated with them but, by convention, counted in :meth:`expected_l2` and not in
-    :meth:`expected_l0` (Eq. 16 counts weights only).
+    :meth:`expected_l0` (Eq. 16 counts weights only). ``weight_init`` as for :class:`L0Linear`.
     """
 
     def __init__(
@@ -168,8 +198,12 @@ class L0Conv2d(L0Layer):
         lower=-0.1,
         upper=1.1,
         init_std=0.01,
+        weight_init="torch",
     ):
         super().__init__()
+        if weight_init not in WEIGHT_INITS:
+            raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
+        self.weight_init = weight_init
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.kernel_size = _pair(kernel_size)
         self.stride = _pair(stride)
@@ -193,12 +227,8 @@ class L0Conv2d(L0Layer):
         self.reset_parameters()
 
     def reset_parameters(self):
-        """The initialisation of :class:`torch.nn.Conv2d` (the gate is left untouched)."""
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in = self.weight[0].numel()
-            bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-            nn.init.uniform_(self.bias, -bound, bound)
+        """Weights and bias by ``weight_init`` (:func:`init_weights_`); the gate is left untouched."""
+        init_weights_(self.weight, self.bias, self.weight_init)
 
     def extra_repr(self):
         return (

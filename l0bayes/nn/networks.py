@@ -10,7 +10,16 @@ from numbers import Real
 
 from torch import nn
 
-from .layers import L0Conv2d, L0Linear, _pair
+from .layers import WEIGHT_INITS, L0Conv2d, L0Linear, _pair, init_weights_
+
+
+def _dense(layer, weight_init):
+    """A dense ``nn.Linear`` / ``nn.Conv2d``, re-initialised by ``weight_init`` (:func:`init_weights_`)."""
+    if weight_init not in WEIGHT_INITS:
+        raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
+    if weight_init != "torch":
+        init_weights_(layer.weight, layer.bias, weight_init)
+    return layer
 
 
 def _rates(init_drop_rates, n, what):
@@ -43,26 +52,38 @@ class L0MLP(_MLPBase):
 
     :param init_drop_rates: one initial dropout rate per gated layer (a float for all); the
         default ``(0.2, 0.5, 0.5)`` are the original dropout rates of this MLP (Section 4).
+    :param weight_init: ``"torch"`` (default) or ``"he"`` (the paper's code), see
+        :func:`~l0bayes.nn.init_weights_`.
     :param gate_kwargs: ``temperature``, ``lower``, ``upper``, ``init_std`` for every gate.
     """
 
     def __init__(
-        self, in_features=784, hidden=(300, 100), num_classes=10, init_drop_rates=(0.2, 0.5, 0.5), **gate_kwargs
+        self,
+        in_features=784,
+        hidden=(300, 100),
+        num_classes=10,
+        init_drop_rates=(0.2, 0.5, 0.5),
+        weight_init="torch",
+        **gate_kwargs,
     ):
         rates = _rates(init_drop_rates, len(hidden) + 1, "L0MLP")
         super().__init__(
             in_features,
             hidden,
             num_classes,
-            lambda k, n_in, n_out: L0Linear(n_in, n_out, init_drop_rate=rates[k], **gate_kwargs),
+            lambda k, n_in, n_out: L0Linear(
+                n_in, n_out, init_drop_rate=rates[k], weight_init=weight_init, **gate_kwargs
+            ),
         )
 
 
 class MLP(_MLPBase):
     """The dense counterpart of :class:`L0MLP` (``nn.Linear`` only), same sizes and layer names."""
 
-    def __init__(self, in_features=784, hidden=(300, 100), num_classes=10):
-        super().__init__(in_features, hidden, num_classes, lambda k, n_in, n_out: nn.Linear(n_in, n_out))
+    def __init__(self, in_features=784, hidden=(300, 100), num_classes=10, weight_init="torch"):
+        super().__init__(
+            in_features, hidden, num_classes, lambda k, n_in, n_out: _dense(nn.Linear(n_in, n_out), weight_init)
+        )
 
 
 def lenet5_flat_size(input_size, conv_channels=(20, 50), kernel_size=5, padding=0):
@@ -126,6 +147,8 @@ class L0LeNet5(_LeNetBase):
     (8 -> 8 -> 4 -> 4 -> 2, flatten 200) or a smaller ``kernel_size``.
 
     :param init_drop_rates: one initial dropout rate per gated layer (conv1, conv2, fc1, fc2).
+    :param weight_init: ``"torch"`` (default) or ``"he"`` (the paper's code), see
+        :func:`~l0bayes.nn.init_weights_`.
     """
 
     def __init__(
@@ -138,9 +161,11 @@ class L0LeNet5(_LeNetBase):
         fc_hidden=500,
         kernel_size=5,
         padding=0,
+        weight_init="torch",
         **gate_kwargs,
     ):
         rates = _rates(init_drop_rates, 4, "L0LeNet5")
+        gate_kwargs["weight_init"] = weight_init
         super().__init__(
             in_channels,
             num_classes,
@@ -168,6 +193,7 @@ class LeNet5(_LeNetBase):
         fc_hidden=500,
         kernel_size=5,
         padding=0,
+        weight_init="torch",
     ):
         super().__init__(
             in_channels,
@@ -177,6 +203,6 @@ class LeNet5(_LeNetBase):
             fc_hidden,
             kernel_size,
             padding,
-            lambda k, n_in, n_out: nn.Conv2d(n_in, n_out, kernel_size, padding=padding),
-            lambda k, n_in, n_out: nn.Linear(n_in, n_out),
+            lambda k, n_in, n_out: _dense(nn.Conv2d(n_in, n_out, kernel_size, padding=padding), weight_init),
+            lambda k, n_in, n_out: _dense(nn.Linear(n_in, n_out), weight_init),
         )
