@@ -15,14 +15,15 @@ plots, summary.json):
 =================  ==================================================================================
 
 All runs: Adam lr 1e-3, minibatches of 100, no weight decay, pixels scaled to [0, 1], the official 60,000 /
-10,000 split, seed 0, and two details of the paper's public code that matter for the final test error: every
-gate's ``log_alpha`` projected onto ``[log 0.01, log 100]`` after each step (``--log-alpha-range``, ``l0bayes
-fit --log-alpha-range paper``) and evaluation with the bias-corrected moving average of the parameters, decay
-0.999 (``--ema``; the dense baselines are averaged alike). ``--ema 0 --log-alpha-range none`` gives the last
-iterate without projection. The L0 runs go through the command line (``python -m l0bayes fit``, one subprocess
-each, so that every run is exactly reproducible from the printed command); the dense baselines use the same
-data loader and a minimal Adam loop here. ``--epochs 200`` is the paper's protocol (meant for a GPU,
-``--device cuda``); on a CPU use a few epochs.
+10,000 split, seed 0, and three details of the paper's public code that matter for the final test error: He's
+initialisation N(0, 2 / fan_in) with zero biases (``--init he``, for the dense baselines too), every gate's
+``log_alpha`` projected onto ``[log 0.01, log 100]`` after each step (``--log-alpha-range``, ``l0bayes fit
+--log-alpha-range paper``) and evaluation with the bias-corrected moving average of the parameters, decay
+0.999 (``--ema``; the dense baselines are averaged alike). ``--init torch --ema 0 --log-alpha-range none``
+gives torch.nn's initialisation and the last iterate without projection. The L0 runs go through the command
+line (``python -m l0bayes fit``, one subprocess each, so that every run is exactly reproducible from the
+printed command); the dense baselines use the same data loader and a minimal Adam loop here. ``--epochs 200``
+is the paper's protocol (meant for a GPU, ``--device cuda``); on a CPU use a few epochs.
 
 Examples::
 
@@ -284,7 +285,7 @@ def main(argv=None):
     parser.add_argument(
         "--init",
         choices=("torch", "he"),
-        default="torch",
+        default="he",
         help="weight initialisation of every run (l0bayes fit --init)",
     )
     parser.add_argument("--out", default="runs/paper")
