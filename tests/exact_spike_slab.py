@@ -38,8 +38,14 @@ def log_marginal_quadrature(x, y, subset, tau, sigma):
     shift = _log_joint(mode, xs, y, tau, sigma)
     lo, hi = mode - 12 * sd, mode + 12 * sd
     if k == 1:
-        val, _ = integrate.quad(lambda b: np.exp(_log_joint(np.array([b]), xs, y, tau, sigma) - shift),
-                                lo[0], hi[0], epsabs=0, epsrel=1e-10, limit=200)
+        val, _ = integrate.quad(
+            lambda b: np.exp(_log_joint(np.array([b]), xs, y, tau, sigma) - shift),
+            lo[0],
+            hi[0],
+            epsabs=0,
+            epsrel=1e-10,
+            limit=200,
+        )
     else:  # trapezoid rule on a fine grid (spectrally accurate for a smooth integrand that vanishes at the ends)
         g0, g1 = np.linspace(lo[0], hi[0], 601), np.linspace(lo[1], hi[1], 601)
         b = np.stack(np.meshgrid(g0, g1, indexing="ij"), -1).reshape(-1, 2)
@@ -53,8 +59,12 @@ def inclusion_dense(x, y, pi0, tau, sigma):
     """Posterior inclusion by enumeration with :func:`log_marginal_dense`."""
     p = x.shape[1]
     models = [np.array(m, dtype=bool) for m in itertools.product([0, 1], repeat=p)]
-    logw = np.array([log_marginal_dense(x, y, m, tau, sigma) + m.sum() * np.log(pi0) + (p - m.sum()) * np.log1p(-pi0)
-                     for m in models])
+    logw = np.array(
+        [
+            log_marginal_dense(x, y, m, tau, sigma) + m.sum() * np.log(pi0) + (p - m.sum()) * np.log1p(-pi0)
+            for m in models
+        ]
+    )
     w = np.exp(logw - logsumexp(logw))
     return sum(wi * m for wi, m in zip(w, models, strict=True))
 

@@ -102,8 +102,10 @@ def test_import_is_lazy():
     import subprocess
     import sys
 
-    code = ("import sys, l0bayes.analysis; "
-            "print(sorted(m for m in ('arviz', 'matplotlib', 'pandas', 'xarray') if m in sys.modules))")
+    code = (
+        "import sys, l0bayes.analysis; "
+        "print(sorted(m for m in ('arviz', 'matplotlib', 'pandas', 'xarray') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -212,8 +214,9 @@ def test_conv_network_weights():
     assert post["w_conv1"].dims == ("chain", "draw", "conv1_gate", "conv1_in", "conv1_kh", "conv1_kw")
     assert post["w_conv1"].shape == (1, 4, 3, 1, 3, 3)
     z = post["z_conv2"].values
-    np.testing.assert_allclose(post["w_conv2"].values, net.conv2.weight.detach().double().numpy()[None, None]
-                               * z[:, :, :, None, None, None])
+    np.testing.assert_allclose(
+        post["w_conv2"].values, net.conv2.weight.detach().double().numpy()[None, None] * z[:, :, :, None, None, None]
+    )
 
 
 # ---------------------------------------------------------------------------- summaries
@@ -310,8 +313,11 @@ def test_plot_forest_and_heatmaps(regression, classifier):
     assert image.shape == (8, 8)
     np.testing.assert_array_equal(np.asarray(image).ravel() > 0, classifier.net.fc1.active_mask().numpy())
     fig, ax = plot_gate_heatmap(classifier, quantity="prob_nonzero")  # straight from the model
-    np.testing.assert_allclose(np.asarray(ax.images[0].get_array()).ravel(),
-                               _prob_nonzero(classifier.net.fc1.gate.log_alpha.detach().double().numpy()), rtol=1e-9)
+    np.testing.assert_allclose(
+        np.asarray(ax.images[0].get_array()).ravel(),
+        _prob_nonzero(classifier.net.fc1.gate.log_alpha.detach().double().numpy()),
+        rtol=1e-9,
+    )
     fig, ax = plot_gate_heatmap(cidata, "z_fc2", image_shape=(3, 4))
     assert ax.images[0].get_array().shape == (3, 4)
     with pytest.raises(ValueError, match="not a square"):
@@ -326,8 +332,9 @@ def test_plot_expected_flops_from_training_history(one_thread):
     torch.manual_seed(0)
     x, y = torch.randn(64, 1, 4, 4), torch.randint(0, 3, (64,))
     model = SparseClassifier(L0MLP(16, (8,), 3, init_drop_rates=0.5), lam=0.1)
-    result = train(model, x, y, objective="penalized", epochs=2, batch_size=32, lr=0.05, progress=False,
-                   input_shape=(1, 4, 4))
+    result = train(
+        model, x, y, objective="penalized", epochs=2, batch_size=32, lr=0.05, progress=False, input_shape=(1, 4, 4)
+    )
     fig, ax = plot_expected_flops({"L0": result.history}, dense_flops=1000.0)
     _png(fig)
     line = ax.lines[0]
@@ -407,5 +414,8 @@ def test_variational_inclusion_agrees_with_exact_on_diabetes(one_thread):
     vi = model.inclusion_probabilities().double().numpy()
     clear = (exact.inclusion < 0.2) | (exact.inclusion > 0.8)
     assert clear.sum() >= 5  # age, sex, bmi, bp, s5, s6 on these data
-    np.testing.assert_array_equal((vi > 0.5)[clear], (exact.inclusion > 0.5)[clear],
-                                  err_msg=f"exact {np.round(exact.inclusion, 3)} vs VI {np.round(vi, 3)}")
+    np.testing.assert_array_equal(
+        (vi > 0.5)[clear],
+        (exact.inclusion > 0.5)[clear],
+        err_msg=f"exact {np.round(exact.inclusion, 3)} vs VI {np.round(vi, 3)}",
+    )

@@ -42,8 +42,9 @@ def test_resume_gives_bit_identical_next_steps(tmp_path):
     train(first, x, y, epochs=2, batch_size=50, lr=0.05, seed=3, checkpoint=str(ckpt), progress=False)
     torch.manual_seed(1234)  # disturb the global RNG: resume must restore it
     resumed = SparseLinearRegression(10)
-    result = train(resumed, x, y, epochs=4, batch_size=50, lr=0.05, seed=3, checkpoint=str(ckpt), resume=True,
-                   progress=False)
+    result = train(
+        resumed, x, y, epochs=4, batch_size=50, lr=0.05, seed=3, checkpoint=str(ckpt), resume=True, progress=False
+    )
     assert [h["epoch"] for h in result.history] == [1, 2, 3, 4]
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b)
@@ -64,8 +65,9 @@ def test_constrained_training_meets_target_density():
     x, y = _sparse_regression()
     target = 0.06  # three of fifty gates, fewer than the five true features: the constraint binds
     model = SparseLinearRegression(50)
-    result = train(model, x, y, objective="constrained", target_density=target, epochs=60, batch_size=100, lr=0.05,
-                   progress=False)
+    result = train(
+        model, x, y, objective="constrained", target_density=target, epochs=60, batch_size=100, lr=0.05, progress=False
+    )
     density = result.history[-1]["constraint"][0]
     assert abs(density - target) <= 0.01
     assert max(h["multipliers"][0] for h in result.history) > 0
@@ -105,8 +107,18 @@ def test_l0_mlp_classifier_trains(objective):
     x, y = _digits()
     net = L0MLP(in_features=64, hidden=(32, 16), num_classes=10)
     model = SparseClassifier(net, lam=0.1)
-    result = train(model, x, y, objective=objective, epochs=12, batch_size=50, lr=2e-2, test_data=(x, y),
-                   input_shape=(64,), progress=False)
+    result = train(
+        model,
+        x,
+        y,
+        objective=objective,
+        epochs=12,
+        batch_size=50,
+        lr=2e-2,
+        test_data=(x, y),
+        input_shape=(64,),
+        progress=False,
+    )
     assert result.history[-1]["test_error"] < 0.35
     assert result.history[-1]["expected_flops"] > 0
     assert len(architecture(net).split("-")) == 3

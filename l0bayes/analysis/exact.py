@@ -53,8 +53,9 @@ class ExactSpikeSlab:
         """The ``k`` most probable models as ``[(probability, [feature names])]``."""
         names = list(names) if names is not None else [str(j) for j in range(self.models.shape[1])]
         order = np.argsort(-self.model_probs)[:k]
-        return [(float(self.model_probs[i]), [n for n, on in zip(names, self.models[i], strict=True) if on])
-                for i in order]
+        return [
+            (float(self.model_probs[i]), [n for n, on in zip(names, self.models[i], strict=True) if on]) for i in order
+        ]
 
 
 def log_marginal_likelihood(x, y, subset, slab_scale, noise_scale):

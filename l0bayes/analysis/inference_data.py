@@ -131,9 +131,7 @@ def _weight_draws(gl, z):
 
 
 @torch.no_grad()
-def to_inference_data(
-    model, num_draws=1000, num_chains=2, feature_names=None, coords=None, weights=False, seed=0
-):
+def to_inference_data(model, num_draws=1000, num_chains=2, feature_names=None, coords=None, weights=False, seed=0):
     r"""Draw gates (and optionally weights) from the trained guide into an :class:`arviz.InferenceData`.
 
     :param model: a trained model (see :func:`gate_layers`).

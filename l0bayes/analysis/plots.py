@@ -52,8 +52,14 @@ def plot_hard_concrete(
     for where, mass in ((0.0, float(hc.prob_zero)), (1.0, float(hc.prob_one))):
         ax.vlines(where, 0, mass, color="C3", lw=3)
         ax.plot([where], [mass], "o", color="C3")
-        ax.annotate(f"P(z={where:g}) = {mass:.3f}", (where, mass), textcoords="offset points", xytext=(4, 4),
-                    ha="left" if where == 0 else "right", fontsize=8)
+        ax.annotate(
+            f"P(z={where:g}) = {mass:.3f}",
+            (where, mass),
+            textcoords="offset points",
+            xytext=(4, 4),
+            ha="left" if where == 0 else "right",
+            fontsize=8,
+        )
     if num_samples:
         gen = torch.random.fork_rng()
         with gen:
@@ -72,9 +78,7 @@ def plot_hard_concrete(
     return fig, ax
 
 
-def plot_expected_gate(
-    log_alpha=None, temperature=0.5, lower=-0.1, upper=1.1, num_samples=10000, seed=0, ax=None
-):
+def plot_expected_gate(log_alpha=None, temperature=0.5, lower=-0.1, upper=1.1, num_samples=10000, seed=0, ax=None):
     r"""Fig. 2b: the expected concrete and hard concrete gates against :math:`\log\alpha`.
 
     With noise: :math:`E[s]` of the binary concrete and :math:`E[z]` of the hard concrete, both
@@ -90,8 +94,9 @@ def plot_expected_gate(
     hc = HardConcrete(log_alpha, temperature, lower, upper)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        s = torch.distributions.RelaxedBernoulli(torch.tensor(float(temperature), dtype=torch.float64),
-                                                 logits=log_alpha).sample((int(num_samples),))
+        s = torch.distributions.RelaxedBernoulli(
+            torch.tensor(float(temperature), dtype=torch.float64), logits=log_alpha
+        ).sample((int(num_samples),))
         z = hc.rsample((int(num_samples),))
     x = log_alpha.numpy()
     ax.plot(x, s.mean(0), color="0.55", label="concrete, with noise")
@@ -175,8 +180,14 @@ def plot_gate_heatmap(source, layer=None, quantity="prob_nonzero", image_shape=N
             raise ValueError(f"unknown layer {layer!r}; gated layers are {list(layers)}")
         g = gl.gate
         q = HardConcrete(g.log_alpha.detach().double(), g.temperature, g.lower, g.upper)
-        table = {"log_alpha": q.log_alpha, "prob_nonzero": q.prob_nonzero, "prob_zero": q.prob_zero,
-                 "prob_one": q.prob_one, "test_gate": q.deterministic_gate, "active": q.deterministic_gate}
+        table = {
+            "log_alpha": q.log_alpha,
+            "prob_nonzero": q.prob_nonzero,
+            "prob_zero": q.prob_zero,
+            "prob_one": q.prob_one,
+            "test_gate": q.deterministic_gate,
+            "active": q.deterministic_gate,
+        }
         if quantity == "mean":
             table["mean"] = q.mean
         if quantity not in table:

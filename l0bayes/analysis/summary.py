@@ -143,6 +143,4 @@ def pruned_architecture(idata, var_names=None):
     For a network this equals :func:`l0bayes.nn.architecture`; for a regression it is the number
     of features kept.
     """
-    return "-".join(
-        str(int((gate_quantity(idata, var, "test_gate") > 0).sum())) for var in _select(idata, var_names)
-    )
+    return "-".join(str(int((gate_quantity(idata, var, "test_gate") > 0).sum())) for var in _select(idata, var_names))

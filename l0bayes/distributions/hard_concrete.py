@@ -1,6 +1,5 @@
 """The hard concrete distribution of Louizos, Welling & Kingma (2018), Eq. 10-13, 26."""
 
-
 import torch
 from pyro.distributions import constraints
 
@@ -225,9 +224,7 @@ class HardConcrete(ConcreteParameters):
         non-negative terms, so each keeps full relative accuracy even when the gate is almost
         surely 0 or 1 (where ``1 - mean`` by subtraction would cancel).
         """
-        return tuple(
-            self._map_chunks(lambda d, n, i=i: d._moments(n)[i], num_nodes) for i in range(3)
-        )
+        return tuple(self._map_chunks(lambda d, n, i=i: d._moments(n)[i], num_nodes) for i in range(3))
 
     @property
     def mean(self):

@@ -55,9 +55,7 @@ class ConcreteParameters(TorchDistribution):
     has_rsample = True
 
     def __init__(self, log_alpha, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, validate_args=None):
-        self.log_alpha, self.temperature, self.lower, self.upper = broadcast_all(
-            log_alpha, temperature, lower, upper
-        )
+        self.log_alpha, self.temperature, self.lower, self.upper = broadcast_all(log_alpha, temperature, lower, upper)
         if all(isinstance(p, Number) for p in (log_alpha, temperature, lower, upper)):
             batch_shape = torch.Size()
         else:
@@ -98,7 +96,6 @@ class StretchedConcrete(ConcreteParameters):
     :param lower: :math:`\gamma < 0`.
     :param upper: :math:`\zeta > 1`.
     """
-
 
     @constraints.dependent_property(is_discrete=False, event_dim=0)
     def support(self):
