@@ -1,11 +1,14 @@
 """Training-step benchmark on full Fashion-MNIST: gated MLP (penalised, SVI) against a dense MLP.
 
 Times one epoch (60,000 images, minibatches of 100, flattened to 784 and scaled to [0, 1]) of the
-MLP 784-300-100-10 trained with Adam (lr 1e-3) in three ways:
+MLP 784-300-100-10 trained with Adam (lr 1e-3) in these ways:
 
 * ``dense``: a plain ``torch.nn`` MLP of the same size with cross-entropy (the reference);
 * ``penalized``: :class:`~l0bayes.nn.L0MLP` in :class:`~l0bayes.models.SparseClassifier`, loss =
   ``nll + code cost`` from ``penalized_loss`` (Eq. 22), as ``train(objective="penalized")``;
+* ``penalized_protocol``: the same plus the paper code's projection of ``log_alpha`` onto
+  ``[log 0.01, log 100]`` and the parameter average (decay 0.999) after every step, as
+  ``train(objective="penalized", log_alpha_range=..., ema_decay=0.999)``;
 * ``bayes``: SVI on Eq. 21 with the analytic gate KL as ``train(objective="bayes")`` runs it:
   ``SparseClassifier.bayes_loss`` (all gates in one fused pass, the KL with its closed-form gradient);
 * ``bayes_pyro``: the same free energy through Pyro, ``TraceMeanField_ELBO().differentiable_loss(
@@ -15,7 +18,7 @@ Every method uses the optimiser of ``train()``, ``torch.optim.Adam(fused=True)``
 
 The step loops are minimal copies of the loop in :func:`l0bayes.inference.train` (zero_grad,
 loss / N, finiteness check, backward, Adam step, loss accumulated as a float), so the timing
-isolates the cost of a step. Within every repeat the three methods run back to back on the same
+isolates the cost of a step. Within every repeat the methods run back to back on the same
 minibatch order (the order of the methods rotates from repeat to repeat), so that load from other
 processes hits all of them alike; ratios are medians of the per-repeat ratios. With ``--steps K``
 only ``K`` minibatches are timed per method and repeat and the time is extrapolated to an epoch
@@ -46,16 +49,16 @@ import torch.nn.functional as F
 from pyro.infer import TraceMeanField_ELBO
 
 from l0bayes.data import find_fashion_mnist, load_mnist_format
-from l0bayes.inference import train
+from l0bayes.inference import ParameterAverage, train
 from l0bayes.models import SparseClassifier
-from l0bayes.nn import L0MLP, MLP
+from l0bayes.nn import L0MLP, MLP, gates_of
 
 BATCH_SIZE = 100
 LR = 1e-3
 LAM = 0.1
 SEED = 0
 TARGETS = {"penalized": 1.3, "bayes": 1.6}  # max ratio to dense (CPU)
-METHODS = ("dense", "penalized", "bayes", "bayes_pyro")
+METHODS = ("dense", "penalized", "penalized_protocol", "bayes", "bayes_pyro")
 
 
 # ---------------------------------------------------------------------------- data and models
@@ -104,6 +107,22 @@ def make_step(method, model, num_data):
             optimizer.zero_grad(set_to_none=True)
             nll, cost = model.penalized_loss(xb, yb, num_data)
             return finish(nll + cost)
+
+    elif method == "penalized_protocol":
+        # train(log_alpha_range=(log 0.01, log 100), ema_decay=0.999): the paper code's projection and averaging
+        log_alphas = [g.log_alpha for _, g in gates_of(model)]
+        average = ParameterAverage(model, 0.999)
+        low, high = math.log(0.01), math.log(100.0)
+
+        def step(xb, yb):
+            optimizer.zero_grad(set_to_none=True)
+            nll, cost = model.penalized_loss(xb, yb, num_data)
+            value = finish(nll + cost)
+            with torch.no_grad():
+                torch._foreach_clamp_min_(log_alphas, low)
+                torch._foreach_clamp_max_(log_alphas, high)
+            average.update()
+            return value
 
     elif method == "bayes":
 
