@@ -19,11 +19,12 @@ All runs: Adam lr 1e-3, minibatches of 100, no weight decay, pixels scaled to [0
 initialisation N(0, 2 / fan_in) with zero biases (``--init he``, for the dense baselines too), every gate's
 ``log_alpha`` projected onto ``[log 0.01, log 100]`` after each step (``--log-alpha-range``, ``l0bayes fit
 --log-alpha-range paper``) and evaluation with the bias-corrected moving average of the parameters, decay
-0.999 (``--ema``; the dense baselines are averaged alike). ``--init torch --ema 0 --log-alpha-range none``
-gives torch.nn's initialisation and the last iterate without projection. The L0 runs go through the command
-line (``python -m l0bayes fit``, one subprocess each, so that every run is exactly reproducible from the
-printed command); the dense baselines use the same data loader and a minimal Adam loop here. ``--epochs 200``
-is the paper's protocol (meant for a GPU, ``--device cuda``); on a CPU use a few epochs.
+0.999 (``--ema``; the dense baselines are averaged alike; the paper's code averages its MLP, its LeNet-5
+script does not, we average both). ``--init torch --ema 0 --log-alpha-range none`` gives torch.nn's
+initialisation and the last iterate without projection. The L0 runs go through the command line (``python -m
+l0bayes fit``, one subprocess each, so that every run is exactly reproducible from the printed command); the
+dense baselines use the same data loader and a minimal Adam loop here. ``--epochs 200`` is the paper's
+protocol (meant for a GPU, ``--device cuda``); on a CPU use a few epochs.
 
 Examples::
 
