@@ -67,6 +67,8 @@ def test_parameter_average_errors_and_state_round_trip():
     copy = ParameterAverage(layer, 0.5)
     copy.load_state_dict(average.state_dict())
     assert copy.steps == 1 and all(torch.equal(a, b) for a, b in zip(copy.averaged(), average.averaged(), strict=True))
+    with pytest.raises(ValueError, match="decay"):
+        ParameterAverage(layer, 0.9).load_state_dict(average.state_dict())
     with pytest.raises(ValueError, match="tensors"):
         ParameterAverage(torch.nn.Linear(2, 2, bias=False), 0.5).load_state_dict(average.state_dict())
 

@@ -378,9 +378,13 @@ class ParameterAverage:
                 torch._foreach_copy_(self.params, raw)
 
     def state_dict(self):
+        """Decay, number of updates and the (uncorrected) accumulators, on the CPU, for a checkpoint."""
         return {"decay": self.decay, "steps": self.steps, "sums": [s.detach().cpu().clone() for s in self.sums]}
 
     def load_state_dict(self, state):
+        """Restore :meth:`state_dict`; the decay and the number of tensors must match this average's."""
+        if float(state["decay"]) != self.decay:
+            raise ValueError(f"the saved average has decay {state['decay']}, this one {self.decay}")
         if len(state["sums"]) != len(self.sums):
             raise ValueError(f"average holds {len(state['sums'])} tensors, the model {len(self.sums)} parameters")
         with torch.no_grad():
