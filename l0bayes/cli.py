@@ -690,6 +690,7 @@ def format_table(cfg, data, result, wall, device):
         f"l0bayes fit: {cfg['model']} on {data.describe()}\n"
         f"objective {cfg['objective']}, lambda {_lam_text(cfg['lam'])}, {cfg['epochs']} epochs, "
         f"batch {cfg['batch_size']}, lr {cfg['lr']:g}, seed {cfg['seed']}"
+        + (f", {cfg['init']} init" if cfg.get("init") else "")
         + (
             f", log_alpha in [{cfg['log_alpha_range'][0]:.4g}, {cfg['log_alpha_range'][1]:.4g}]"
             if cfg.get("log_alpha_range")
