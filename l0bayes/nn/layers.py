@@ -124,9 +124,7 @@ class L0Linear(L0Layer):
         weight_init="torch",
     ):
         super().__init__()
-        if weight_init not in WEIGHT_INITS:
-            raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
-        self.weight_init = weight_init
+        self.weight_init = weight_init  # checked by init_weights_ in reset_parameters
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.weight = nn.Parameter(torch.empty(self.out_features, self.in_features))
         if bias:
@@ -201,9 +199,7 @@ class L0Conv2d(L0Layer):
         weight_init="torch",
     ):
         super().__init__()
-        if weight_init not in WEIGHT_INITS:
-            raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
-        self.weight_init = weight_init
+        self.weight_init = weight_init  # checked by init_weights_ in reset_parameters
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.kernel_size = _pair(kernel_size)
         self.stride = _pair(stride)
