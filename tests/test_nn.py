@@ -452,6 +452,11 @@ def test_weight_init_schemes():
         for module in net.modules():
             if hasattr(module, "weight") and module.weight is not None:
                 assert torch.count_nonzero(module.bias) == 0
-    for bad in (lambda: L0Linear(3, 2, weight_init="xavier"), lambda: MLP(3, (2,), 2, weight_init="glorot")):
+    bad_inits = (
+        lambda: L0Linear(3, 2, weight_init="xavier"),
+        lambda: L0Conv2d(1, 2, 3, weight_init="lecun"),
+        lambda: MLP(3, (2,), 2, weight_init="glorot"),
+    )
+    for bad in bad_inits:
         with pytest.raises(ValueError, match="weight_init"):
             bad()
