@@ -33,6 +33,7 @@ import tempfile
 import time
 
 import torch
+from tables import format_table
 
 LR = 1e-3
 LAM = 0.1
@@ -189,14 +190,7 @@ def driver(args):
         eff = speedup * base_k / k
         runs = ", ".join(f"{res['images_per_s']:,.0f}" for res in results[k])
         rows.append((str(k), str(args.batch_size // k), f"{thr:,.0f}", runs, f"{speedup:.2f}x", f"{eff:.0%}"))
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "|".join("---" for _ in header) + "|")
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        for row in [header, *rows]:
-            print("  ".join(f"{c:>18}" for c in row))
+    print(format_table(header, rows, args.markdown, width=18))
 
 
 def main(argv=None):

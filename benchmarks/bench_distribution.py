@@ -30,6 +30,7 @@ import time
 from contextlib import contextmanager
 
 import torch
+from tables import format_table as render_table
 from torch.distributions import RelaxedBernoulli, kl_divergence
 
 import l0bayes
@@ -288,12 +289,7 @@ def format_table(rows, markdown):
         ]
         for r in rows
     ]
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in body]
-        return "\n".join(lines)
-    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
-    return "\n".join("  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True)) for row in [header, *body])
+    return render_table(header, body, markdown)
 
 
 def check_targets(rows):

@@ -47,6 +47,7 @@ import time
 import torch
 import torch.nn.functional as F
 from pyro.infer import TraceMeanField_ELBO
+from tables import format_table
 
 from l0bayes.data import find_fashion_mnist, load_mnist_format
 from l0bayes.inference import ParameterAverage, train
@@ -290,15 +291,7 @@ def main(argv=None):
         train_row = (total, result.history[-1]["wall_s"], loop)
 
     header = ("method", "ms/step", "s/epoch", "images/s", "ratio to dense", "target", "result")
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "|".join("---" for _ in header) + "|")
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        print("  ".join(f"{h:>14}" for h in header))
-        for row in rows:
-            print("  ".join(f"{c:>14}" for c in row))
+    print(format_table(header, rows, args.markdown, width=14))
     if train_row is not None:
         total, wall, loop = train_row
         print(
