@@ -418,13 +418,14 @@ def build_model(cfg, data):
     if model in ("linear", "logistic"):
         cls = SparseLinearRegression if model == "linear" else SparseLogisticRegression
         return cls(data.num_features, prior_inclusion=cfg["prior_inclusion"], slab=cfg["slab"], code_cost=cfg["lam"])
+    weight_init = cfg.get("init") or "torch"  # absent from configs saved before --init existed
     if model == "mlp":
         hidden = cfg["hidden"] or default_hidden(data)
         net = L0MLP(
             in_features=data.num_features,
             hidden=tuple(hidden),
             num_classes=data.num_classes,
-            weight_init=cfg.get("init") or "torch",
+            weight_init=weight_init,
         )
     else:
         if not data.is_image:
@@ -436,7 +437,7 @@ def build_model(cfg, data):
             num_classes=data.num_classes,
             input_size=(height, width),
             padding=padding,
-            weight_init=cfg.get("init") or "torch",
+            weight_init=weight_init,
         )
     try:
         return SparseClassifier(
