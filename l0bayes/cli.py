@@ -811,11 +811,11 @@ def fit(cfg):
 def _checkpoint_epoch(path):
     if not os.path.isfile(path):
         return 0
-    import torch
+    from .inference.checkpoint import load_checkpoint
 
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=False)["epoch"])
-    except Exception:  # noqa: BLE001 - a half-written file must not turn Ctrl-C into a traceback
+        return int(load_checkpoint(path, required=("epoch",))["epoch"])
+    except ValueError:  # a corrupt or foreign file must not turn Ctrl-C into a traceback
         return 0
 
 

@@ -45,6 +45,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .checkpoint import CheckpointError, load_checkpoint
+
+CHECKPOINT_KEYS = ("model", "optimizer", "multipliers", "history", "epoch", "shuffle", "rng")
 DEFAULT_TIMEOUT_S = 600.0
 TIMEOUT_ENV = "L0BAYES_DIST_TIMEOUT"
 _RANK_SEED_STRIDE = 104_729  # a prime: rank r > 0 seeds its gate noise with seed + r * stride
@@ -350,20 +353,23 @@ class DataParallelContext:
         """Load a checkpoint: read by rank 0 and broadcast, so other machines need no copy of the file.
 
         :raises FileNotFoundError: on every rank when the file does not exist.
+        :raises ~l0bayes.inference.checkpoint.CheckpointError: (a ``ValueError`` naming the file) when it is
+            empty, corrupt, holds more than tensors and plain containers, or lacks a training-state entry.
         """
+        if path is None:
+            raise ValueError("resume=True needs the checkpoint's path (checkpoint=None was given)")
         if not self.enabled:
-            _check_exists(path)
-            return torch.load(path, map_location=map_location, weights_only=False)
+            return load_checkpoint(path, map_location=map_location, required=CHECKPOINT_KEYS)
         payload = [None]
         if self.is_main:
             try:
-                _check_exists(path)
-                payload[0] = ("ok", torch.load(path, map_location="cpu", weights_only=False))
+                payload[0] = ("ok", load_checkpoint(path, map_location="cpu", required=CHECKPOINT_KEYS))
             except Exception as err:  # noqa: BLE001 - sent to the other ranks, raised everywhere
                 payload[0] = ("error", type(err).__name__, str(err))
         self._collective("broadcast of the checkpoint", dist.broadcast_object_list, payload, 0)
         if payload[0][0] == "error":
-            kind = FileNotFoundError if payload[0][1] == "FileNotFoundError" else RuntimeError
+            kinds = {"FileNotFoundError": FileNotFoundError, "CheckpointError": CheckpointError}
+            kind = kinds.get(payload[0][1], RuntimeError)
             raise kind(payload[0][2])
         return payload[0][1]
 
@@ -391,8 +397,3 @@ class DataParallelContext:
         """Wait for every rank (so none returns while rank 0 still writes files)."""
         if self.enabled:
             self._collective("final barrier", dist.barrier)
-
-
-def _check_exists(path):
-    if path is None or not os.path.exists(path):
-        raise FileNotFoundError(f"cannot resume: checkpoint {path!r} does not exist")

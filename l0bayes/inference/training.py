@@ -2,7 +2,6 @@
 
 import contextlib
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 
 from ..utils import check_xy
+from .checkpoint import numpy_rng_state, save_checkpoint, set_numpy_rng_state
 from .distributed import DataParallelContext
 from .free_energy import free_energy
 
@@ -76,7 +76,7 @@ def _rng_state():
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "numpy": np.random.get_state(),
+        "numpy": numpy_rng_state(),
         "python": random.getstate(),
     }
 
@@ -85,7 +85,7 @@ def _set_rng_state(state):
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    np.random.set_state(state["numpy"])
+    set_numpy_rng_state(state["numpy"])
     random.setstate(state["python"])
 
 
@@ -441,6 +441,4 @@ def _save(path, model, optimizer, multipliers, history, epoch, shuffle, extra=No
         "rng": _rng_state(),
         **(extra or {}),
     }
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    save_checkpoint(path, state)

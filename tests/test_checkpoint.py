@@ -1,0 +1,104 @@
+"""Checkpoints load with ``weights_only=True`` only: a crafted pickle cannot run code, bad files name themselves."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from l0bayes.inference.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    numpy_rng_state,
+    save_checkpoint,
+    set_numpy_rng_state,
+)
+
+
+class _Exploit:
+    """Unpickling this calls ``os.system``-like code: here it would create a marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "ckpt.pt"
+    torch.save({"epoch": 1, "payload": _Exploit(str(marker))}, path)
+    with pytest.raises(CheckpointError, match="ckpt.pt"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_malicious_checkpoint_on_resume_runs_nothing(tmp_path):
+    from l0bayes.inference import train
+    from l0bayes.models import SparseLinearRegression
+
+    marker = tmp_path / "pwned"
+    path = tmp_path / "ckpt.pt"
+    torch.save({"epoch": 1, "model": _Exploit(str(marker))}, path)
+    model = SparseLinearRegression(3)
+    x, y = torch.randn(20, 3), torch.randn(20)
+    with pytest.raises(ValueError, match="ckpt.pt"):
+        train(model, x, y, epochs=2, checkpoint=str(path), resume=True, progress=False)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"not a zip file at all", b"PK\x03\x04truncated"])
+def test_corrupt_files_raise_value_error_naming_the_file(tmp_path, content):
+    path = tmp_path / "bad.pt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="bad.pt"):
+        load_checkpoint(path)
+
+
+def test_truncated_checkpoint(tmp_path):
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, {"epoch": 3, "w": torch.randn(1000)})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="c.pt"):
+        load_checkpoint(path)
+
+
+def test_missing_keys_and_non_dict(tmp_path):
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, {"epoch": 3})
+    with pytest.raises(ValueError, match="'model'"):
+        load_checkpoint(path, required=("epoch", "model"))
+    torch.save([1, 2], path)
+    with pytest.raises(ValueError, match="list"):
+        load_checkpoint(path)
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "absent.pt")
+
+
+def test_save_is_atomic_and_leaves_no_temporary_file(tmp_path):
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, {"epoch": 1, "t": torch.arange(3)})
+    save_checkpoint(path, {"epoch": 2, "t": torch.arange(4)})
+    state = load_checkpoint(path)
+    assert state["epoch"] == 2 and torch.equal(state["t"], torch.arange(4))
+    assert os.listdir(tmp_path) == ["c.pt"]
+
+
+def test_save_refuses_what_a_safe_load_cannot_read(tmp_path):
+    path = tmp_path / "c.pt"
+    with pytest.raises(CheckpointError):
+        save_checkpoint(path, {"thing": _Exploit(str(tmp_path / "x"))})
+    assert not path.exists() and os.listdir(tmp_path) == []
+
+
+def test_numpy_rng_state_round_trip(tmp_path):
+    np.random.seed(123)
+    np.random.standard_normal()  # leaves a cached Gaussian in the state
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, {"numpy": numpy_rng_state()})
+    expected = np.random.standard_normal(5)
+    np.random.seed(0)
+    set_numpy_rng_state(load_checkpoint(path)["numpy"])
+    np.testing.assert_array_equal(np.random.standard_normal(5), expected)
