@@ -1,10 +1,19 @@
 """Inference: the free energy of Eq. 21, training, and data-parallel training under torchrun."""
 
+from .averaging import ParameterAverage
+from .device import resolve_device
 from .distributed import DistributedConfig, DistributedError, is_main_process
+from .errors import NonFiniteLossError
 from .free_energy import FreeEnergy, free_energy
-from .training import NonFiniteLossError, ParameterAverage, TrainResult, resolve_device, train
+from .objectives import BayesObjective, ConstrainedObjective, Objective, PenalizedObjective, constrained_summary
+from .training import TrainResult, train
 
 __all__ = [
+    "BayesObjective",
+    "ConstrainedObjective",
+    "Objective",
+    "PenalizedObjective",
+    "constrained_summary",
     "DistributedConfig",
     "DistributedError",
     "FreeEnergy",

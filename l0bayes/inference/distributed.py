@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .checkpoint import CheckpointError, load_checkpoint
+from .device import resolve_device
 
 CHECKPOINT_KEYS = ("model", "optimizer", "multipliers", "history", "epoch", "shuffle", "rng")
 DEFAULT_TIMEOUT_S = 600.0
@@ -120,8 +121,6 @@ def default_backend(device):
 
 def rank_device(device="auto"):
     """The device of this rank: ``"auto"``/``"cuda"`` become ``cuda:$LOCAL_RANK`` (made current) when CUDA is used."""
-    from .training import resolve_device
-
     device = resolve_device(device)
     if device.type == "cuda":
         if device.index is None:
@@ -258,8 +257,6 @@ class DataParallelContext:
             raise RuntimeError("distributed=True but there is no process group of size > 1: launch with torchrun")
         self.enabled = wanted
         if not wanted:
-            from .training import resolve_device
-
             self.device = resolve_device(device)
             self.rank, self.world_size = 0, 1
             # Alone, this process records and writes, unless the environment names it another rank

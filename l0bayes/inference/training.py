@@ -1,4 +1,10 @@
-"""One training entry point: SVI on Eq. 21, the penalised Eq. 22, or constrained sparsity (slides)."""
+"""One training entry point: SVI on Eq. 21, the penalised Eq. 22, or constrained sparsity (slides).
+
+:func:`train` is one short loop over an :class:`~l0bayes.inference.objectives.Objective` (one small
+object per objective, as Pyro's ``SVI`` holds an ELBO); data-parallel training, checkpoints and parameter
+averaging live in :mod:`~l0bayes.inference.distributed`, :mod:`~l0bayes.inference.checkpoint` and
+:mod:`~l0bayes.inference.averaging`.
+"""
 
 import contextlib
 import math
@@ -8,18 +14,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from pyro.infer import TraceMeanField_ELBO
 
+from ..nn.gates import gates_of
 from ..utils import check_xy
+from .averaging import ParameterAverage
 from .checkpoint import numpy_rng_state, save_checkpoint, set_numpy_rng_state
+from .device import resolve_device
 from .distributed import DataParallelContext
+from .errors import NonFiniteLossError
 from .free_energy import free_energy
+from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR, make_objective
+
+__all__ = ["NonFiniteLossError", "OBJECTIVES", "ParameterAverage", "TrainResult", "resolve_device", "train"]
 
 OBJECTIVES = ("bayes", "penalized", "constrained")
-
-
-class NonFiniteLossError(FloatingPointError):
-    """Raised when a training step produces a NaN or infinite objective."""
 
 
 @dataclass
@@ -31,14 +39,377 @@ class TrainResult:
     multipliers: torch.Tensor | None = None
 
 
-def resolve_device(device="auto"):
-    """``"auto"`` picks CUDA when available, else CPU."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but CUDA is not available")
-    return device
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) or (torch.is_tensor(v) and v.numel() == 1)
+
+
+def _finite_positive(v):
+    return _is_number(v) and math.isfinite(float(v)) and float(v) > 0
+
+
+def _density_ok(v):
+    if v is None:
+        return False
+    t = torch.as_tensor(v, dtype=torch.float64)
+    return t.numel() >= 1 and bool(((t > 0) & (t <= 1)).all())
+
+
+# Every argument check of train() in one place: (applies when, holds when, message). `a` holds the arguments.
+_ARGUMENT_RULES = (
+    (
+        lambda a: True,
+        lambda a: a["objective"] in OBJECTIVES,
+        "objective must be one of {OBJECTIVES}, got {objective!r}",
+    ),
+    (
+        lambda a: True,
+        lambda a: _is_number(a["epochs"]) and int(a["epochs"]) >= 0,
+        "epochs must be >= 0, got {epochs!r}",
+    ),
+    (
+        lambda a: True,
+        lambda a: _is_number(a["batch_size"]) and int(a["batch_size"]) >= 1,
+        "batch_size must be >= 1, got {batch_size!r}",
+    ),
+    (lambda a: True, lambda a: _finite_positive(a["lr"]), "lr must be a finite number > 0, got {lr!r}"),
+    (
+        lambda a: True,
+        lambda a: _is_number(a["record_every"]) and int(a["record_every"]) >= 1,
+        "record_every must be >= 1, got {record_every!r}",
+    ),
+    (
+        lambda a: a["objective"] == "constrained",
+        lambda a: _density_ok(a["target_density"]),
+        "constrained training needs target_density in (0, 1], got {target_density!r}",
+    ),
+    (
+        lambda a: a["objective"] == "constrained",
+        lambda a: (
+            _is_number(a["multiplier_lr"]) and math.isfinite(float(a["multiplier_lr"])) and a["multiplier_lr"] >= 0
+        ),
+        "multiplier_lr must be a finite number >= 0, got {multiplier_lr!r}",
+    ),
+    (
+        lambda a: a["objective"] == "constrained",
+        lambda a: _is_number(a["final_phase"]) and 0 <= float(a["final_phase"]) < 1,
+        "final_phase must lie in [0, 1), got {final_phase!r}",
+    ),
+    (
+        lambda a: a["log_alpha_range"] is not None,
+        lambda a: len(a["log_alpha_range"]) == 2 and float(a["log_alpha_range"][0]) < float(a["log_alpha_range"][1]),
+        "log_alpha_range must be (low, high) with low < high, got {log_alpha_range!r}",
+    ),
+    (
+        lambda a: a["ema_decay"] is not None,
+        lambda a: _is_number(a["ema_decay"]) and 0.0 <= float(a["ema_decay"]) < 1.0,
+        "ema_decay must lie in [0, 1), got {ema_decay!r}",
+    ),
+    (
+        lambda a: a["resume"],
+        lambda a: a["checkpoint"] is not None,
+        "resume=True needs checkpoint= (the file to resume from)",
+    ),
+)
+# Checks of the data: (holds when, error type, message).
+_DATA_RULES = (
+    (lambda x, y: torch.is_tensor(x) and (y is None or torch.is_tensor(y)), TypeError, "x and y must be torch tensors"),
+    (
+        lambda x, y: y is not None,
+        ValueError,
+        "y is None: train() needs targets (labels or responses) for every row of x",
+    ),
+    (lambda x, y: x.dim() >= 1 and x.shape[0] > 0, ValueError, "the training data is empty (x has no rows)"),
+    (lambda x, y: y.shape[0] == x.shape[0], ValueError, "x has {rows} rows but y has {labels}"),
+)
+
+
+def _check_arguments(args, x, y):
+    """Raise the first failed rule of :data:`_ARGUMENT_RULES` and :data:`_DATA_RULES`."""
+    for applies, holds, message in _ARGUMENT_RULES:
+        if applies(args) and not holds(args):
+            raise ValueError(message.format(OBJECTIVES=OBJECTIVES, **args))
+    for holds, error, message in _DATA_RULES:
+        if not holds(x, y):
+            raise error(message.format(rows=x.shape[0], labels=y.shape[0] if y is not None else 0))
+
+
+def train(
+    model,
+    x,
+    y,
+    objective="bayes",
+    epochs=10,
+    batch_size=100,
+    lr=1e-3,
+    device="auto",
+    seed=0,
+    test_data=None,
+    target_density=None,
+    per_layer=False,
+    multiplier_lr=MULTIPLIER_LR,
+    dual_restarts=DUAL_RESTARTS,
+    checkpoint=None,
+    resume=False,
+    progress=True,
+    input_shape=None,
+    distributed=None,
+    log_alpha_range=None,
+    ema_decay=None,
+    final_phase=FINAL_PHASE,
+    record_every=1,
+):
+    r"""Train a sparse model with minibatch Adam.
+
+    :param model: a module with ``model(x, y, num_data)`` and ``guide(x, y, num_data)`` (the
+        models in :mod:`l0bayes.models`). If it also has ``penalized_loss`` (e.g.
+        :class:`~l0bayes.models.SparseClassifier`), that fast path is used for the penalised and
+        constrained objectives, and if it has ``bayes_loss`` (the same free energy as
+        ``TraceMeanField_ELBO`` for the same draws, computed directly), that one for ``"bayes"``.
+    :param x, y: the full training set (tensors; ``y`` is required); minibatches of ``batch_size`` are
+        drawn each epoch and the data term is scaled by ``N/B`` (``pyro.plate`` subsampling).
+    :param str objective: ``"bayes"``: SVI on the free energy of Eq. 21 with
+        ``TraceMeanField_ELBO`` (analytic gate KL, code cost as a factor); ``"penalized"``:
+        Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to a density of at most
+        ``target_density`` (one global constraint, or one per gated layer with ``per_layer=True``, where
+        ``target_density`` may list one target per layer):
+        :class:`~l0bayes.inference.objectives.ConstrainedObjective`. A Lagrangian on the expected density
+        (projected gradient ascent on the multipliers, step ``multiplier_lr``, with ``dual_restarts``
+        resetting a multiplier to zero whenever its constraint holds), then, for the last
+        ``final_phase`` fraction of the epochs, fixed gates that meet the target at test time while the
+        weights go on training. The history records the expected and the test-time density
+        (``constraint``, ``test_time_density``, ``test_time_density_per_layer``) and the multipliers.
+    :param device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
+    :param int seed: seeds torch, numpy and Python; runs are reproducible.
+    :param test_data: optional ``(x_test, y_test)``; the test error is recorded each epoch.
+    :param checkpoint: path of a checkpoint written at the end of every epoch; with ``resume=True``
+        training continues from it exactly (same next steps, bit for bit, on the same machine). The
+        checkpoint stores the objective, learning rate, batch size and a fingerprint of the data; resuming
+        with any of them changed is a ``ValueError`` naming what differs.
+    :param input_shape: input shape (without batch) for the expected FLOPs of a gated network.
+    :param distributed: data-parallel training under ``torchrun`` (see :mod:`l0bayes.inference.distributed`):
+        ``None`` (default) uses ``DistributedDataParallel`` whenever there are several processes;
+        ``batch_size`` is then the global minibatch, each rank takes its ``DistributedSampler`` shard
+        of every epoch and draws its own gates, and only rank 0 records history, shows progress and
+        writes checkpoints (other ranks return an empty history). ``False`` disables it; a
+        :class:`~l0bayes.inference.distributed.DistributedConfig` sets backend, timeout and gate noise.
+    :param log_alpha_range: ``(low, high)``: after every step each gate's ``log_alpha`` is projected onto
+        ``[low, high]``. The paper's code uses ``(log 0.01, log 100)``: a kept gate then stays exactly 1
+        only with probability about 0.95 (Eq. 12 with ``temperature=2/3``), so some gate noise remains
+        for the whole run instead of vanishing as ``log_alpha`` grows without bound. ``None``: no
+        projection. (The constrained objective's final phase fixes the gates outside this range.)
+    :param ema_decay: ``beta`` in ``[0, 1)``: keep the exponential moving average of all parameters,
+        :math:`\bar\theta_t = \sum_{s \le t} (1-\beta)\beta^{t-s}\theta_s / (1-\beta^t)` (bias-corrected),
+        and report every epoch's record (free energy, gates, test error, FLOPs) for the averaged
+        parameters, which the returned model holds at the end (the raw ones go on training and are
+        what a checkpoint resumes from). The paper's code evaluates with ``beta = 0.999``. ``None``: no
+        averaging.
+    :param int record_every: the full end-of-epoch record (free energy on a fixed subset of up to 1000
+        training examples, test error, FLOPs) every ``record_every`` epochs and at the last; the other
+        epochs record only the mean training loss, wall time and the objective's own entries. Each
+        record says which it is (``full_record``).
+    :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
+        L0, expected FLOPs, test error, multipliers and densities, wall time).
+    :raises NonFiniteLossError: when the objective or a parameter becomes NaN or infinite.
+    """
+    arguments = dict(locals())
+    _check_arguments(arguments, x, y)
+    _check_data(model, x, y, "training")
+    if test_data is not None:
+        _check_data(model, test_data[0], test_data[1], "test")
+
+    ddp = DataParallelContext(distributed, device)
+    device = ddp.device
+    gate_seed = ddp.seed(seed)  # differs between ranks: each draws its own gates
+    torch.manual_seed(gate_seed)
+    np.random.seed(gate_seed % 2**32)
+    random.seed(gate_seed)
+    model.to(device)
+    num_data = x.shape[0]
+    batch_size = min(int(batch_size), num_data)
+    local_batch = ddp.local_batch_size(batch_size)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=_fused_adam(model))
+    estimator = make_objective(
+        objective,
+        model,
+        num_data,
+        target_density=target_density,
+        per_layer=per_layer,
+        multiplier_lr=multiplier_lr,
+        dual_restarts=dual_restarts,
+        final_phase=final_phase,
+    )
+    shuffle = torch.Generator().manual_seed(seed)
+    signature = _run_signature(objective, lr, batch_size, x, y)
+    history, start_epoch = [], 0
+    average = ParameterAverage(model, ema_decay) if ema_decay is not None else None
+    if resume:
+        state = _resume(ddp, checkpoint, device, model, optimizer, estimator, shuffle, average, seed)
+        _check_signature(state, signature, checkpoint)
+        history, start_epoch = state["history"], state["epoch"]
+    projection = _log_alpha_projection(model, log_alpha_range)
+    steps = math.ceil(num_data / batch_size)
+    step_objective = ddp.wrap(model)  # DistributedDataParallel when data-parallel
+    bar = _progress_bar(progress and ddp.is_main, (epochs - start_epoch) * steps, objective)
+
+    for epoch in range(start_epoch, epochs):
+        model.train()
+        estimator.start_epoch(epoch, epochs)
+        start = time.perf_counter()
+        order = ddp.shard(torch.randperm(num_data, generator=shuffle))
+        total_loss = 0.0
+        for step in range(steps):
+            idx = order[step * local_batch : (step + 1) * local_batch]
+            xb, yb = x[idx].to(device), y[idx].to(device)
+            optimizer.zero_grad(set_to_none=True)
+            loss, value, statistics = step_objective(estimator.step, xb, yb)
+            # Means over the ranks (one all-reduce): the global-batch values, identical on every rank.
+            loss_mean, value_mean, statistics = ddp.mean(loss, value, statistics)
+            if not torch.isfinite(value_mean):
+                raise NonFiniteLossError(
+                    f"non-finite objective ({float(value_mean)}) at epoch {epoch + 1}, step {step + 1}; "
+                    "lower the learning rate or check the data"
+                )
+            value.backward()
+            optimizer.step()
+            projection()
+            if average is not None:
+                average.update()
+            estimator.update(statistics)
+            total_loss += float(loss_mean)
+            if bar is not None:
+                bar.update(1)
+        _check_parameters(model, epoch)
+        if not ddp.is_main:  # rank 0 records, reports and writes; the others only train
+            if checkpoint is not None:
+                ddp.gather(_rng_state())
+            continue
+        full = (epoch + 1) % int(record_every) == 0 or epoch + 1 == epochs
+        record = {"epoch": epoch + 1, "mean_loss": total_loss / steps, "wall_s": time.perf_counter() - start}
+        with average.swapped() if average is not None else contextlib.nullcontext():
+            record.update(estimator.record())
+            if full:
+                record.update(_full_record(model, x, y, estimator, batch_size, device, test_data, input_shape))
+        record["full_record"] = full
+        history.append(record)
+        if bar is not None:
+            bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("free_energy", "test_error")})
+        if checkpoint is not None:
+            extra = ddp.checkpoint_extra(ddp.gather(_rng_state())) if ddp.enabled else {}
+            if average is not None:
+                extra["ema"] = average.state_dict()
+            extra.update(objective_state=estimator.state_dict(), run=signature)
+            _save(checkpoint, model, optimizer, estimator.multipliers(), history, epoch + 1, shuffle, extra)
+    if bar is not None:
+        bar.close()
+    if average is not None and average.steps > 0:
+        average.copy_to_model()
+    ddp.close()
+    if not ddp.is_main:
+        history = []
+    return TrainResult(model=model, history=history, multipliers=estimator.multipliers())
+
+
+def _progress_bar(show, total, desc):
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", leave=False)
+
+
+def _log_alpha_projection(model, log_alpha_range):
+    """A function projecting every gate's ``log_alpha`` onto ``[low, high]`` after a step (a no-op for ``None``)."""
+    if log_alpha_range is None:
+        return lambda: None
+    low, high = (float(v) for v in log_alpha_range)
+    log_alphas = [g.log_alpha for _, g in gates_of(model)]
+
+    @torch.no_grad()
+    def project():
+        torch._foreach_clamp_min_(log_alphas, low)
+        torch._foreach_clamp_max_(log_alphas, high)
+
+    return project
+
+
+def _check_parameters(model, epoch):
+    """Refuse to go on (or to return) with a NaN or infinite parameter, e.g. a ``log_alpha`` pushed to infinity."""
+    params = [p.detach() for p in model.parameters()]
+    if params and not all(bool(torch.isfinite(p).all()) for p in params):
+        names = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+        raise NonFiniteLossError(f"parameters {names} became NaN or infinite in epoch {epoch + 1}")
+
+
+def _resume(ddp, checkpoint, device, model, optimizer, estimator, shuffle, average, seed):
+    """Load ``checkpoint`` into the run's objects; returns the checkpoint's state."""
+    state = ddp.load(checkpoint, map_location=device)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if "objective_state" in state:
+        estimator.load_state_dict(state["objective_state"])
+    elif estimator.name == "constrained":  # a checkpoint written before objects held their state
+        estimator.mu = state["multipliers"].to(device)
+    shuffle.set_state(state["shuffle"])
+    ddp.restore_rng(state, seed, _set_rng_state)
+    if average is not None:
+        if "ema" not in state:
+            raise ValueError(f"checkpoint {checkpoint!r} holds no parameter average: it was not trained with ema_decay")
+        average.load_state_dict(state["ema"])
+    return state
+
+
+def _run_signature(objective, lr, batch_size, x, y):
+    """What must not change when a run is resumed: objective, learning rate, batch size and the data."""
+    with torch.no_grad():
+        data = [list(x.shape), float(x.double().sum()), list(y.shape), float(y.double().sum())]
+    return {"objective": objective, "lr": float(lr), "batch_size": int(batch_size), "data": data}
+
+
+def _check_signature(state, signature, checkpoint):
+    saved = state.get("run")
+    if saved is None:  # written before checkpoints stored it
+        return
+    changed = [f"{k} {saved[k]!r} -> {signature[k]!r}" for k in signature if saved.get(k) != signature[k]]
+    if changed:
+        changed = [c if not c.startswith("data") else "data (shape or values of x, y)" for c in changed]
+        raise ValueError(f"cannot resume from {checkpoint!r}: the run changed: {'; '.join(changed)}")
+
+
+def _full_record(model, x, y, estimator, batch_size, device, test_data, input_shape):
+    """Every free-energy term on a fixed subset of the training set, the gates, test error and expected FLOPs.
+
+    The RNG state is restored afterwards so that recording does not change the training draws.
+    """
+    record = {}
+    rng_state = torch.get_rng_state()
+    take = min(x.shape[0], max(batch_size, 1000))
+    with torch.no_grad():
+        xb, yb = x[:take].to(device), y[:take].to(device)
+        terms = free_energy(model.model, model.guide, xb, yb, x.shape[0], kl=estimator.kl)
+    torch.set_rng_state(rng_state)
+    record.update(terms.as_dict())
+    gates = gates_of(model)
+    record["expected_l0"] = float(sum(g.expected_l0() for _, g in gates).detach())
+    record["active_gates"] = [int(g.active().sum()) for _, g in gates]
+    if test_data is not None:
+        record["test_error"] = _error_rate(model, test_data[0], test_data[1], 1000, device)
+    if input_shape is not None:
+        record.update(_flops_record(model, input_shape))
+    return record
+
+
+def _save(path, model, optimizer, multipliers, history, epoch, shuffle, extra=None):
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "multipliers": multipliers.detach().cpu(),
+        "history": history,
+        "epoch": epoch,
+        "shuffle": shuffle.get_state(),
+        "rng": _rng_state(),
+        **(extra or {}),
+    }
+    save_checkpoint(path, state)
 
 
 def _check_data(model, x, y, name):
@@ -55,21 +426,6 @@ def _check_data(model, x, y, name):
             raise ValueError(f"{name} inputs contain NaN or infinite values")
         if y is not None and y.shape[0] != x.shape[0]:
             raise ValueError(f"{name}: {x.shape[0]} inputs but {y.shape[0]} labels")
-
-
-def _gates(model):
-    from ..nn.gates import gates_of
-
-    return gates_of(model)
-
-
-def _constraint_values(model, per_layer):
-    """Expected density E[||z||_0] / |theta| (globally or per gated layer)."""
-    gates = _gates(model)
-    if per_layer:
-        return torch.stack([g.expected_l0() / (g.num_gates * g.group_size) for _, g in gates])
-    total = sum(g.num_gates * g.group_size for _, g in gates)
-    return (sum(g.expected_l0() for _, g in gates) / total).reshape(1)
 
 
 def _rng_state():
@@ -105,294 +461,6 @@ def _error_rate(model, x, y, batch_size, device):
     return wrong / x.shape[0]
 
 
-def train(
-    model,
-    x,
-    y,
-    objective="bayes",
-    epochs=10,
-    batch_size=100,
-    lr=1e-3,
-    device="auto",
-    seed=0,
-    test_data=None,
-    target_density=None,
-    per_layer=False,
-    multiplier_lr=1.0,
-    dual_restarts=True,
-    checkpoint=None,
-    resume=False,
-    progress=True,
-    input_shape=None,
-    distributed=None,
-    log_alpha_range=None,
-    ema_decay=None,
-):
-    r"""Train a sparse model with minibatch Adam.
-
-    :param model: a module with ``model(x, y, num_data)`` and ``guide(x, y, num_data)`` (the
-        models in :mod:`l0bayes.models`). If it also has ``penalized_loss`` (e.g.
-        :class:`~l0bayes.models.SparseClassifier`), that fast path is used for the penalised and
-        constrained objectives, and if it has ``bayes_loss`` (the same free energy as
-        ``TraceMeanField_ELBO`` for the same draws, computed directly), that one for ``"bayes"``.
-    :param x, y: the full training set (tensors); minibatches of ``batch_size`` are drawn each epoch
-        and the data term is scaled by ``N/B`` (``pyro.plate`` subsampling).
-    :param str objective: ``"bayes"``: SVI on the free energy of Eq. 21 with
-        ``TraceMeanField_ELBO`` (analytic gate KL, code cost as a factor); ``"penalized"``:
-        Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to expected density
-        :math:`E\|z\|_0 / |\theta| \le \epsilon` (``target_density``), by gradient descent on the model
-        and projected gradient ascent on the multiplier(s) :math:`\mu \ge 0` (one global or one
-        per gated layer with ``per_layer=True``); ``multiplier_lr`` is the ascent step and
-        ``dual_restarts`` resets a multiplier to zero whenever its constraint is satisfied.
-    :param device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
-    :param int seed: seeds torch, numpy and Python; runs are reproducible.
-    :param test_data: optional ``(x_test, y_test)``; the test error is recorded each epoch.
-    :param checkpoint: path of a checkpoint written at the end of every epoch; with ``resume=True``
-        training continues from it exactly (same next steps, bit for bit, on the same machine).
-    :param input_shape: input shape (without batch) for the expected FLOPs of a gated network.
-    :param distributed: data-parallel training under ``torchrun`` (see :mod:`l0bayes.inference.distributed`):
-        ``None`` (default) uses ``DistributedDataParallel`` whenever there are several processes;
-        ``batch_size`` is then the global minibatch, each rank takes its ``DistributedSampler`` shard
-        of every epoch and draws its own gates, and only rank 0 records history, shows progress and
-        writes checkpoints (other ranks return an empty history). ``False`` disables it; a
-        :class:`~l0bayes.inference.distributed.DistributedConfig` sets backend, timeout and gate noise.
-    :param log_alpha_range: ``(low, high)``: after every step each gate's ``log_alpha`` is projected onto
-        ``[low, high]``. The paper's code uses ``(log 0.01, log 100)``: a kept gate then stays exactly 1
-        only with probability about 0.95 (Eq. 12 with ``temperature=2/3``), so some gate noise remains
-        for the whole run instead of vanishing as ``log_alpha`` grows without bound. ``None``: no projection.
-    :param ema_decay: ``beta`` in ``[0, 1)``: keep the exponential moving average of all parameters,
-        :math:`\bar\theta_t = \sum_{s \le t} (1-\beta)\beta^{t-s}\theta_s / (1-\beta^t)` (bias-corrected),
-        and report every epoch's record (free energy, gates, test error, FLOPs) for the averaged
-        parameters, which the returned model holds at the end (the raw ones go on training and are
-        what a checkpoint resumes from). The paper's code evaluates with ``beta = 0.999``. ``None``: no
-        averaging.
-    :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
-        L0, expected FLOPs, test error, multipliers and constraint values, wall time).
-    :raises NonFiniteLossError: when the objective becomes NaN or infinite.
-    """
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    if objective == "constrained":
-        if target_density is None or not 0.0 < float(target_density) <= 1.0:
-            raise ValueError(f"constrained training needs target_density in (0, 1], got {target_density!r}")
-    if int(epochs) < 0 or int(batch_size) < 1 or not lr > 0:
-        raise ValueError("epochs must be >= 0, batch_size >= 1 and lr > 0")
-    if log_alpha_range is not None:
-        low, high = (float(v) for v in log_alpha_range)
-        if not low < high:
-            raise ValueError(f"log_alpha_range must be (low, high) with low < high, got {log_alpha_range!r}")
-    if ema_decay is not None and not 0.0 <= float(ema_decay) < 1.0:
-        raise ValueError(f"ema_decay must lie in [0, 1), got {ema_decay!r}")
-    if not torch.is_tensor(x) or (y is not None and not torch.is_tensor(y)):
-        raise TypeError("x and y must be torch tensors")
-    if y is not None and y.shape[0] != x.shape[0]:
-        raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]}")
-    _check_data(model, x, y, "training")
-    if test_data is not None:
-        _check_data(model, test_data[0], test_data[1], "test")
-
-    ddp = DataParallelContext(distributed, device)
-    device = ddp.device
-    gate_seed = ddp.seed(seed)  # differs between ranks: each draws its own gates
-    torch.manual_seed(gate_seed)
-    np.random.seed(gate_seed % 2**32)
-    random.seed(gate_seed)
-    model.to(device)
-    num_data = x.shape[0]
-    batch_size = min(int(batch_size), num_data)
-    local_batch = ddp.local_batch_size(batch_size)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=_fused_adam(model))
-    elbo = TraceMeanField_ELBO()
-    shuffle = torch.Generator().manual_seed(seed)
-    num_constraints = len(_gates(model)) if per_layer else 1
-    multipliers = torch.zeros(num_constraints, device=device)
-    history, start_epoch = [], 0
-    log_alphas = [g.log_alpha for _, g in _gates(model)] if log_alpha_range is not None else []
-    average = ParameterAverage(model, ema_decay) if ema_decay is not None else None
-
-    if resume:
-        state = ddp.load(checkpoint, map_location=device)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        multipliers = state["multipliers"].to(device)
-        history = state["history"]
-        start_epoch = state["epoch"]
-        shuffle.set_state(state["shuffle"])
-        ddp.restore_rng(state, seed, _set_rng_state)
-        if average is not None:
-            if "ema" not in state:
-                raise ValueError(
-                    f"checkpoint {checkpoint!r} holds no parameter average: it was not trained with ema_decay"
-                )
-            average.load_state_dict(state["ema"])
-
-    fast = hasattr(model, "penalized_loss")
-    fast_bayes = hasattr(model, "bayes_loss")
-    steps = math.ceil(num_data / batch_size)
-    bar = None
-    step_objective = ddp.wrap(model)  # DistributedDataParallel when data-parallel
-    if progress and ddp.is_main:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=(epochs - start_epoch) * steps, desc=objective, unit="step", leave=False)
-
-    def step_loss(xb, yb):
-        """The objective on this process's minibatch (run inside DDP's forward when data-parallel)."""
-        violation = None
-        if objective == "bayes" and fast_bayes:
-            loss = sum(model.bayes_loss(xb, yb, num_data))
-        elif objective == "bayes":
-            loss = elbo.differentiable_loss(model.model, model.guide, xb, yb, num_data)
-        elif fast:
-            nll, cost = model.penalized_loss(xb, yb, num_data)
-            loss = nll + cost if objective == "penalized" else nll
-        else:
-            terms = free_energy(model.model, model.guide, xb, yb, num_data, kl=False)
-            loss = terms.total if objective == "penalized" else terms.nll
-        if objective == "constrained":
-            violation = _constraint_values(model, per_layer) - float(target_density)
-            lagrangian = loss / num_data + (multipliers * violation).sum()
-            objective_value = lagrangian
-        else:
-            objective_value = loss / num_data
-        return loss, objective_value, violation
-
-    for epoch in range(start_epoch, epochs):
-        model.train()
-        start = time.perf_counter()
-        order = ddp.shard(torch.randperm(num_data, generator=shuffle))
-        sums = {"loss": 0.0}
-        for step in range(steps):
-            idx = order[step * local_batch : (step + 1) * local_batch]
-            xb, yb = x[idx].to(device), (None if y is None else y[idx].to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss, objective_value, violation = step_objective(step_loss, xb, yb)
-            # Means over the ranks (one all-reduce): the global-batch values, identical on every rank.
-            loss_mean, value_mean, violation = ddp.mean(loss, objective_value, violation)
-            if not torch.isfinite(value_mean):
-                raise NonFiniteLossError(
-                    f"non-finite objective ({float(value_mean)}) at epoch {epoch + 1}, step {step + 1}; "
-                    "lower the learning rate or check the data"
-                )
-            objective_value.backward()
-            optimizer.step()
-            if log_alphas:
-                with torch.no_grad():
-                    torch._foreach_clamp_min_(log_alphas, low)
-                    torch._foreach_clamp_max_(log_alphas, high)
-            if average is not None:
-                average.update()
-            if objective == "constrained":
-                # Projected gradient ascent on the multipliers (d Lagrangian / d mu = violation).
-                with torch.no_grad():
-                    multipliers = (multipliers + multiplier_lr * violation.detach()).clamp_(min=0.0)
-                    if dual_restarts:
-                        # Reset a multiplier once its constraint holds, so accumulated pressure does
-                        # not keep pruning past the target (Gallego-Posada et al., 2022).
-                        multipliers = torch.where(violation.detach() <= 0, torch.zeros_like(multipliers), multipliers)
-            sums["loss"] += float(loss_mean)
-            if bar is not None:
-                bar.update(1)
-        if not ddp.is_main:  # rank 0 records, reports and writes; the others only train
-            if checkpoint is not None:
-                ddp.gather(_rng_state())
-            continue
-        wall = time.perf_counter() - start
-        with average.swapped() if average is not None else contextlib.nullcontext():
-            record = _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size)
-            record["wall_s"] = wall
-            if objective == "constrained":
-                record["multipliers"] = multipliers.tolist()
-                record["constraint"] = _constraint_values(model, per_layer).detach().tolist()
-                record["target_density"] = float(target_density)
-            if test_data is not None:
-                record["test_error"] = _error_rate(model, test_data[0], test_data[1], 1000, device)
-            if input_shape is not None:
-                record.update(_flops_record(model, input_shape))
-        history.append(record)
-        if bar is not None:
-            bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("free_energy", "test_error")})
-        if checkpoint is not None:
-            extra = ddp.checkpoint_extra(ddp.gather(_rng_state())) if ddp.enabled else {}
-            if average is not None:
-                extra["ema"] = average.state_dict()
-            _save(checkpoint, model, optimizer, multipliers, history, epoch + 1, shuffle, extra)
-    if bar is not None:
-        bar.close()
-    if average is not None and average.steps > 0:
-        average.copy_to_model()
-    ddp.close()
-    if not ddp.is_main:
-        history = []
-    return TrainResult(model=model, history=history, multipliers=multipliers)
-
-
-class ParameterAverage:
-    r"""Bias-corrected exponential moving average of a module's parameters (Polyak-Ruppert style).
-
-    After ``t`` calls of :meth:`update`, the average is
-    :math:`\bar\theta_t = (1-\beta)\sum_{s=1}^{t}\beta^{t-s}\theta_s / (1-\beta^t)`: a weighted mean of the
-    iterates with weights summing to one (the accumulator starts at zero, as Adam's moments do).
-    :meth:`swapped` puts the average into the module for evaluation and the raw parameters back after.
-    """
-
-    def __init__(self, module, decay):
-        self.decay = float(decay)
-        if not 0.0 <= self.decay < 1.0:
-            raise ValueError(f"decay must lie in [0, 1), got {decay!r}")
-        self.params = [p for p in module.parameters()]
-        self.sums = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
-        self.steps = 0
-
-    @torch.no_grad()
-    def update(self):
-        """Fold the current parameters into the average: ``s <- beta s + (1 - beta) theta``."""
-        torch._foreach_lerp_(self.sums, [p.detach() for p in self.params], 1.0 - self.decay)
-        self.steps += 1
-
-    def averaged(self):
-        """The bias-corrected averages, one tensor per parameter."""
-        if self.steps == 0:
-            raise RuntimeError("no update yet: the average is undefined")
-        correction = 1.0 - self.decay**self.steps
-        return [s / correction for s in self.sums]
-
-    @torch.no_grad()
-    def copy_to_model(self):
-        """Overwrite the module's parameters with the average."""
-        torch._foreach_copy_(self.params, self.averaged())
-
-    @contextlib.contextmanager
-    def swapped(self):
-        """Within the context the module holds the averaged parameters (no-op before the first update)."""
-        if self.steps == 0:
-            yield
-            return
-        with torch.no_grad():
-            raw = [p.detach().clone() for p in self.params]
-            self.copy_to_model()
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                torch._foreach_copy_(self.params, raw)
-
-    def state_dict(self):
-        """Decay, number of updates and the (uncorrected) accumulators, on the CPU, for a checkpoint."""
-        return {"decay": self.decay, "steps": self.steps, "sums": [s.detach().cpu().clone() for s in self.sums]}
-
-    def load_state_dict(self, state):
-        """Restore :meth:`state_dict`; the decay and the number of tensors must match this average's."""
-        if float(state["decay"]) != self.decay:
-            raise ValueError(f"the saved average has decay {state['decay']}, this one {self.decay}")
-        if len(state["sums"]) != len(self.sums):
-            raise ValueError(f"average holds {len(state['sums'])} tensors, the model {len(self.sums)} parameters")
-        with torch.no_grad():
-            for s, saved in zip(self.sums, state["sums"], strict=True):
-                s.copy_(saved)
-        self.steps = int(state["steps"])
-
-
 def _fused_adam(model):
     """Use PyTorch's fused Adam (one kernel for all parameters) where it supports every parameter.
 
@@ -403,42 +471,9 @@ def _fused_adam(model):
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
-def _epoch_record(model, x, y, num_data, objective, epoch, steps, sums, elbo, device, batch_size):
-    """Every free-energy term at the end of an epoch, estimated on a fixed subset scaled to N.
-
-    The RNG state is restored afterwards so that recording does not change the training draws.
-    """
-    record = {"epoch": epoch + 1, "mean_loss": sums["loss"] / steps}
-    rng_state = torch.get_rng_state()
-    take = min(num_data, max(batch_size, 1000))
-    with torch.no_grad():
-        xb, yb = x[:take].to(device), None if y is None else y[:take].to(device)
-        terms = free_energy(model.model, model.guide, xb, yb, num_data, kl=(objective == "bayes"))
-    torch.set_rng_state(rng_state)
-    record.update(terms.as_dict())
-    gates = _gates(model)
-    record["expected_l0"] = float(sum(g.expected_l0() for _, g in gates).detach())
-    record["active_gates"] = [int(g.active().sum()) for _, g in gates]
-    return record
-
-
 def _flops_record(model, input_shape):
     from ..nn.prune import expected_flops
 
     net = getattr(model, "net", model)
     with torch.no_grad():
         return {"expected_flops": float(expected_flops(net, input_shape))}
-
-
-def _save(path, model, optimizer, multipliers, history, epoch, shuffle, extra=None):
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "multipliers": multipliers.cpu(),
-        "history": history,
-        "epoch": epoch,
-        "shuffle": shuffle.get_state(),
-        "rng": _rng_state(),
-        **(extra or {}),
-    }
-    save_checkpoint(path, state)

@@ -1,0 +1,67 @@
+r"""Density of a gated network: the fraction of its gated parameters that are active.
+
+Two measures of the same quantity (see the "Constrained sparsity" section of ``docs/mathematics.md``):
+
+* the **expected density** :math:`\sum_g |g|\, q(z_g \ne 0) / |\theta|` (Eq. 12, 16), what the
+  Lagrangian of the constrained objective differentiates;
+* the **test-time density** :math:`\sum_g |g|\, \mathbb 1[\hat z_g > 0] / |\theta|` with the
+  deterministic gate :math:`\hat z` of Eq. 13: the fraction of gated parameters the pruned network
+  keeps, the number a target density promises.
+
+:math:`|\theta|` counts the gated parameters (every group of every gate), globally or per gated layer.
+"""
+
+import torch
+
+from .gates import gates_of
+
+__all__ = ["density_names", "expected_density", "test_time_density"]
+
+
+def density_names(module):
+    """The names under which the per-layer densities are reported: the gated layers' names (``"fc1"``)."""
+    return [_layer_name(name) for name, _ in _gates(module)]
+
+
+def _layer_name(gate_name):
+    return gate_name[: -len(".gate")] if gate_name.endswith(".gate") else (gate_name or "gate")
+
+
+def _gates(module):
+    gates = gates_of(module)
+    if not gates:
+        raise ValueError("the module has no HardConcreteGate")
+    return gates
+
+
+def expected_density(module, per_layer=False):
+    r"""Expected fraction of active gated parameters, :math:`\sum_g |g|\, q(z_g \ne 0) / |\theta|` (Eq. 12, 16).
+
+    Differentiable in every ``log_alpha``.
+
+    :param per_layer: ``False``: a tensor of shape ``(1,)`` for the whole network; ``True``: one entry
+        per gated layer (shape ``(L,)``, in registration order), each over that layer's gated parameters.
+    """
+    gates = _gates(module)
+    if per_layer:
+        return torch.stack([g.expected_l0() / (g.num_gates * g.group_size) for _, g in gates])
+    total = sum(g.num_gates * g.group_size for _, g in gates)
+    return (sum(g.expected_l0() for _, g in gates) / total).reshape(1)
+
+
+@torch.no_grad()
+def test_time_density(module, per_layer=False):
+    r"""Fraction of gated parameters kept at test time, :math:`\sum_g |g|\,\mathbb 1[\hat z_g > 0] / |\theta|`.
+
+    :math:`\hat z_g` is the deterministic gate of Eq. 13 (``gate.active()``); a group is kept when its
+    gate is open. This is exactly the fraction of gated weights that :func:`~l0bayes.nn.prune` keeps.
+
+    :param per_layer: ``False``: a float for the whole network; ``True``: ``{layer name: density}``
+        in registration order (names from :func:`density_names`).
+    """
+    gates = _gates(module)
+    kept = [int(g.active().sum()) * g.group_size for _, g in gates]
+    sizes = [g.num_gates * g.group_size for _, g in gates]
+    if per_layer:
+        return {_layer_name(name): k / n for (name, _), k, n in zip(gates, kept, sizes, strict=True)}
+    return sum(kept) / sum(sizes)

@@ -1,0 +1,230 @@
+"""Constrained sparsity (issue 11): densities, the final phase, targets met at test time, summaries, resume."""
+
+import math
+
+import pytest
+import torch
+
+from l0bayes.inference import ConstrainedObjective, constrained_summary, train
+from l0bayes.models import SparseClassifier, SparseLinearRegression
+from l0bayes.nn import L0MLP
+from l0bayes.nn import density
+
+# Eq. 13 closes a gate exactly when log_alpha <= log(-lower / upper) (docs/mathematics.md), lower=-0.1, upper=1.1.
+THRESHOLD = math.log(0.1 / 1.1)
+
+
+def _net(in_features=4, hidden=(3, 2), num_classes=2):
+    torch.manual_seed(0)
+    return L0MLP(in_features=in_features, hidden=hidden, num_classes=num_classes)
+
+
+def _set_log_alpha(net, values):
+    with torch.no_grad():
+        for layer, v in zip((net.fc1, net.fc2, net.fc3), values, strict=True):
+            layer.gate.log_alpha.copy_(torch.tensor(v, dtype=torch.float32))
+
+
+def test_test_time_density_counts_open_groups():
+    net = _net()  # gates: fc1 4 inputs x 3 weights, fc2 3 x 2, fc3 2 x 2 (groups are input neurons)
+    open_, shut = THRESHOLD + 0.01, THRESHOLD - 0.01
+    _set_log_alpha(net, [[open_, shut, open_, shut], [shut, shut, open_], [open_, open_]])
+    # kept weights: fc1 2 of 4 columns of 3, fc2 1 of 3 columns of 2, fc3 2 of 2 columns of 2
+    assert density.test_time_density(net) == pytest.approx((2 * 3 + 1 * 2 + 2 * 2) / (12 + 6 + 4))
+    assert density.test_time_density(net, per_layer=True) == pytest.approx({"fc1": 0.5, "fc2": 1 / 3, "fc3": 1.0})
+    assert density.density_names(net) == ["fc1", "fc2", "fc3"]
+
+
+def test_expected_density_is_eq12_weighted_by_group_size():
+    net = _net()
+    values = [[-3.0, 0.0, 1.0, 2.0], [-1.0, 0.5, 4.0], [0.2, -0.2]]
+    _set_log_alpha(net, values)
+    shift = (2 / 3) * math.log(0.1 / 1.1)  # beta log(-gamma/zeta)
+
+    def q(v):
+        return 1 / (1 + math.exp(-(v - shift)))
+
+    per_layer = [sum(q(v) for v in vs) / len(vs) for vs in values]  # equal group sizes within a layer
+    overall = (3 * sum(map(q, values[0])) + 2 * sum(map(q, values[1])) + 2 * sum(map(q, values[2]))) / 22
+    assert density.expected_density(net, per_layer=True).tolist() == pytest.approx(per_layer, rel=1e-6)
+    assert float(density.expected_density(net).detach()) == pytest.approx(overall, rel=1e-6)
+
+
+def test_final_phase_keeps_top_gates_within_the_target():
+    net = _net()
+    _set_log_alpha(net, [[3.0, -1.0, 2.0, 0.0], [1.5, -2.0, 0.5], [-5.0, -4.0]])
+    # target 10/22 of the weights: fc3's best gate (2) is kept first, then by log_alpha: fc1[0] (3),
+    # fc1[2] (3): 8, fc2[0] (2): 10; nothing else fits.
+    objective = ConstrainedObjective(net, 10, target_density=10 / 22)
+    keep = objective.keep_masks()
+    assert [k.tolist() for k in keep] == [[True, False, True, False], [True, False, False], [False, True]]
+    objective.start_epoch(9, 10)  # the last of ten epochs is the final phase (10%)
+    assert density.test_time_density(net) == pytest.approx(10 / 22)
+    assert float(density.expected_density(net).detach()) == pytest.approx(10 / 22, rel=1e-6)  # float32
+    per = ConstrainedObjective(_net(), 10, target_density=[0.5, 0.5, 0.5], per_layer=True)
+    _set_log_alpha(per.model, [[3.0, -1.0, 2.0, 0.0], [1.5, -2.0, 0.5], [-5.0, -4.0]])
+    per.start_epoch(0, 1)
+    assert density.test_time_density(per.model, per_layer=True) == pytest.approx({"fc1": 0.5, "fc2": 1 / 3, "fc3": 0.5})
+
+
+def test_summary_keys_and_warnings():
+    net = _net()
+    open_, shut = THRESHOLD + 1, THRESHOLD - 1
+    _set_log_alpha(net, [[open_, open_, shut, shut], [shut, shut, shut], [open_, open_]])
+    summary = constrained_summary(net, 0.5)
+    assert set(summary) == {"target_density", "test_time_density", "test_time_density_per_layer", "warnings"}
+    assert summary["test_time_density"] == pytest.approx(10 / 22)
+    assert len(summary["warnings"]) == 2  # 0.045 off target, and fc2 empty
+    assert "more than 0.02 off" in summary["warnings"][0] and "fc2 ended empty" in summary["warnings"][1]
+    per = constrained_summary(net, 0.5, per_layer=True)
+    assert per["target_density"] == {"fc1": 0.5, "fc2": 0.5, "fc3": 0.5}
+    assert [w.split(":")[0] for w in per["warnings"]] == ["layer fc2", "layer fc3", "layer fc2 ended empty"]
+    assert constrained_summary(net, 10 / 22 + 0.019)["warnings"] == [
+        "layer fc2 ended empty: no gate is open at test time"
+    ]
+
+
+def _digits():
+    pytest.importorskip("sklearn")
+    from l0bayes.data import load_dataset
+
+    return load_dataset("digits", seed=0)
+
+
+def _digits_run(data, objective, **kwargs):
+    torch.manual_seed(0)
+    net = L0MLP(in_features=64, hidden=(100, 50), num_classes=10)
+    model = SparseClassifier(net, lam=kwargs.pop("lam", 0.1))
+    result = train(
+        model,
+        data.x_train,
+        data.y_train,
+        objective=objective,
+        epochs=100,
+        lr=1e-2,
+        test_data=(data.x_test, data.y_test),
+        progress=False,
+        record_every=100,
+        **kwargs,
+    )
+    return net, result.history[-1]
+
+
+def test_digits_target_is_met_at_test_time_with_penalised_error():
+    data = _digits()
+    net, last = _digits_run(data, "constrained", target_density=0.3)
+    assert 0.28 <= density.test_time_density(net) <= 0.32
+    assert last["test_time_density"] == density.test_time_density(net)
+    penalised_net, penalised = _digits_run(data, "penalized", lam=0.5)
+    assert density.test_time_density(penalised_net) >= 0.28  # a penalised run of similar (here higher) density
+    assert last["test_error"] <= penalised["test_error"] + 0.02
+
+
+def test_digits_per_layer_targets_hold_per_layer():
+    data = _digits()
+    net, last = _digits_run(data, "constrained", target_density=0.4, per_layer=True)
+    for name, density in density.test_time_density(net, per_layer=True).items():
+        assert abs(density - 0.4) <= 0.02, (name, density)
+    assert len(last["multipliers"]) == 3
+    assert last["test_error"] < 0.1
+
+
+def _sparse_regression(n=200, p=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, p, generator=g)
+    y = x[:, :3] @ torch.tensor([2.0, -1.5, 1.0]) + 0.5 * torch.randn(n, generator=g)
+    return x, y
+
+
+@pytest.mark.parametrize("objective", ["bayes", "penalized", "constrained"])
+def test_resume_is_bit_exact_for_every_objective(objective, tmp_path, monkeypatch):
+    # A 4-epoch run interrupted (Ctrl-C) right after its checkpoint of epoch 2, then resumed. With
+    # final_phase=0.5 the constrained run fixes its gates in epochs 3-4: the resume crosses into the final phase.
+    from l0bayes.inference import training
+
+    x, y = _sparse_regression()
+    kw = dict(objective=objective, epochs=4, batch_size=50, lr=0.05, seed=3, progress=False)
+    if objective == "constrained":
+        kw.update(target_density=0.3, final_phase=0.5)
+    ckpt = tmp_path / "ckpt.pt"
+    torch.manual_seed(0)
+    straight_model = SparseLinearRegression(10)
+    straight = train(straight_model, x, y, **kw)
+    save = training._save
+
+    def save_then_interrupt(path, model, optimizer, multipliers, history, epoch, *args):
+        save(path, model, optimizer, multipliers, history, epoch, *args)
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "_save", save_then_interrupt)
+    torch.manual_seed(0)
+    with pytest.raises(KeyboardInterrupt):
+        train(SparseLinearRegression(10), x, y, checkpoint=str(ckpt), **kw)
+    monkeypatch.setattr(training, "_save", save)
+    torch.manual_seed(99)  # disturb the global RNG: resume must restore it
+    resumed_model = SparseLinearRegression(10)
+    resumed = train(resumed_model, x, y, checkpoint=str(ckpt), resume=True, **kw)
+    for a, b in zip(straight_model.state_dict().values(), resumed_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(straight.multipliers, resumed.multipliers)
+    assert [h["mean_loss"] for h in straight.history] == [h["mean_loss"] for h in resumed.history]
+    if objective == "constrained":
+        assert [h["gates_fixed"] for h in resumed.history] == [False, False, True, True]
+
+
+def test_resume_with_a_changed_run_is_refused(tmp_path):
+    x, y = _sparse_regression()
+    ckpt = str(tmp_path / "ckpt.pt")
+    kw = dict(batch_size=50, seed=3, progress=False, checkpoint=ckpt)
+    train(SparseLinearRegression(10), x, y, epochs=1, lr=0.05, objective="constrained", target_density=0.3, **kw)
+    with pytest.raises(ValueError, match="lr 0.05 -> 0.01"):
+        train(SparseLinearRegression(10), x, y, epochs=2, lr=0.01, objective="constrained", target_density=0.3,
+              resume=True, **kw)  # fmt: skip
+    with pytest.raises(ValueError, match="objective"):
+        train(SparseLinearRegression(10), x, y, epochs=2, lr=0.05, objective="penalized", resume=True, **kw)
+    with pytest.raises(ValueError, match="data"):
+        train(SparseLinearRegression(10), x + 1, y, epochs=2, lr=0.05, objective="constrained", target_density=0.3,
+              resume=True, **kw)  # fmt: skip
+    with pytest.raises(ValueError, match="target density"):
+        train(SparseLinearRegression(10), x, y, epochs=2, lr=0.05, objective="constrained", target_density=0.2,
+              resume=True, **kw)  # fmt: skip
+    with pytest.raises(RuntimeError, match="size mismatch"):  # another model
+        train(SparseLinearRegression(9), x[:, :9], y, epochs=2, lr=0.05, objective="constrained",
+              target_density=0.3, resume=True, **kw)  # fmt: skip
+
+
+def test_argument_and_data_errors_are_clear():
+    x, y = _sparse_regression(n=50, p=5)
+    model = SparseLinearRegression(5)
+    for lr in (float("inf"), float("nan"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="lr must be a finite number"):
+            train(model, x, y, lr=lr, progress=False)
+    with pytest.raises(ValueError, match="empty"):
+        train(model, x[:0], y[:0], progress=False)
+    with pytest.raises(ValueError, match="y is None"):
+        train(model, x, None, progress=False)
+    with pytest.raises(ValueError, match="record_every"):
+        train(model, x, y, record_every=0, progress=False)
+    with pytest.raises(ValueError, match="final_phase"):
+        train(model, x, y, objective="constrained", target_density=0.5, final_phase=1.0, progress=False)
+    with pytest.raises(ValueError, match="multiplier_lr"):
+        train(model, x, y, objective="constrained", target_density=0.5, multiplier_lr=float("inf"), progress=False)
+    with pytest.raises(ValueError, match="target_density"):
+        train(model, x, y, objective="constrained", target_density=1.5, progress=False)
+
+
+def test_divergence_on_the_pyro_path_is_a_non_finite_loss_error():
+    from l0bayes.inference import NonFiniteLossError
+
+    x, y = _sparse_regression(n=100, p=5)
+    with pytest.raises(NonFiniteLossError):
+        train(SparseLinearRegression(5), x, y, epochs=3, lr=1e30, progress=False)
+
+
+def test_record_every_marks_the_full_records():
+    x, y = _sparse_regression(n=100, p=5)
+    history = train(SparseLinearRegression(5), x, y, epochs=5, record_every=2, progress=False).history
+    assert [h["full_record"] for h in history] == [False, True, False, True, True]
+    assert all(("free_energy" in h) == h["full_record"] for h in history)
+    assert all("mean_loss" in h and "wall_s" in h for h in history)
