@@ -7,8 +7,7 @@ import torch
 
 from l0bayes.inference import ConstrainedObjective, constrained_summary, train
 from l0bayes.models import SparseClassifier, SparseLinearRegression
-from l0bayes.nn import L0MLP
-from l0bayes.nn import density
+from l0bayes.nn import L0MLP, density
 
 # Eq. 13 closes a gate exactly when log_alpha <= log(-lower / upper) (docs/mathematics.md), lower=-0.1, upper=1.1.
 THRESHOLD = math.log(0.1 / 1.1)
@@ -123,8 +122,8 @@ def test_digits_target_is_met_at_test_time_with_penalised_error():
 def test_digits_per_layer_targets_hold_per_layer():
     data = _digits()
     net, last = _digits_run(data, "constrained", target_density=0.4, per_layer=True)
-    for name, density in density.test_time_density(net, per_layer=True).items():
-        assert abs(density - 0.4) <= 0.02, (name, density)
+    for name, achieved in density.test_time_density(net, per_layer=True).items():
+        assert abs(achieved - 0.4) <= 0.02, (name, achieved)
     assert len(last["multipliers"]) == 3
     assert last["test_error"] < 0.1
 
