@@ -649,6 +649,12 @@ def _lam_text(lam):
     return f"{lam:g}/N"
 
 
+def _goal_text(cfg):
+    if cfg["objective"] == "constrained":
+        return f"target density {cfg['target_density']:g}" + (" per layer" if cfg["per_layer"] else "")
+    return f"lambda {_lam_text(cfg['lam'])}"
+
+
 def format_table(cfg, data, result, wall, device):
     """The final table as text."""
     last = result["last"]
@@ -669,6 +675,10 @@ def format_table(cfg, data, result, wall, device):
     fp, fd = result["flops_pruned"], result["flops_dense"]
     rows.append(("FLOPs per example", f"{fp:,} of {fd:,} dense ({fd / max(fp, 1):.2f}x fewer)"))
     rows.append(("expected FLOPs under q(z != 0)", f"{result['expected_flops']:,.0f}"))
+    if "test_time_density" in result:  # constrained objective
+        from .inference.objectives import constrained_rows
+
+        rows += constrained_rows(result)
     if last:
         terms = f"{last['free_energy']:.2f} = nll {last['nll']:.2f}"
         if cfg["objective"] == "bayes":
@@ -679,6 +689,8 @@ def format_table(cfg, data, result, wall, device):
         name = {"bayes": "free energy (Eq. 21)", "penalized": "objective (Eq. 22)"}.get(
             cfg["objective"], "objective (nll + code cost)"
         )
+        if cfg["objective"] == "constrained":  # the code cost is not part of this objective
+            name, terms = "data term (minimised subject to the target)", f"nll {last['nll']:.2f}"
         rows.append((f"{name}, nats", terms))
         rows.append(("expected L0 (Eq. 16)", f"{last['expected_l0']:,.1f}"))
     epochs = len(result["history"])
@@ -689,7 +701,7 @@ def format_table(cfg, data, result, wall, device):
     width = max(len(k) for k, _ in rows)
     head = (
         f"l0bayes fit: {cfg['model']} on {data.describe()}\n"
-        f"objective {cfg['objective']}, lambda {_lam_text(cfg['lam'])}, {cfg['epochs']} epochs, "
+        f"objective {cfg['objective']}, {_goal_text(cfg)}, {cfg['epochs']} epochs, "
         f"batch {cfg['batch_size']}, lr {cfg['lr']:g}, seed {cfg['seed']}"
         + (f", {cfg['init']} init" if cfg.get("init") else "")
         + (
@@ -791,6 +803,11 @@ def fit(cfg):
     pruned = summary.pop("pruned")
     summary["history"] = history
     summary["last"] = history[-1] if history else None
+    if cfg["objective"] == "constrained":
+        from .inference import constrained_summary
+
+        net = getattr(result.model, "net", result.model)
+        summary.update(constrained_summary(net, cfg["target_density"], bool(cfg["per_layer"]), result.multipliers))
     device = next(result.model.parameters()).device
     dev = f"{device}" + (
         f" (threads={torch.get_num_threads()})" if device.type == "cpu" else f" ({torch.cuda.get_device_name(device)})"
@@ -798,13 +815,15 @@ def fit(cfg):
     table = format_table(cfg, data, summary, wall, dev)
     write_history(history, out)
     torch.save(pruned, os.path.join(out, "pruned.pt"))
-    title = f"{cfg['model']} on {cfg['data']}, {cfg['objective']}, lambda {_lam_text(cfg['lam'])}"
+    title = f"{cfg['model']} on {cfg['data']}, {cfg['objective']}, {_goal_text(cfg)}"
     write_plots(history, result.model, out, title)
     record = {k: v for k, v in summary.items() if k not in ("history",)}
     record.update(wall_s=wall, device=dev, epochs=len(history))
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(record, f, indent=1)
     print(table, flush=True)
+    for warning in summary.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     return 0
 
 

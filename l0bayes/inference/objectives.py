@@ -37,6 +37,7 @@ __all__ = [
     "ConstrainedObjective",
     "Objective",
     "PenalizedObjective",
+    "constrained_rows",
     "constrained_summary",
     "make_objective",
 ]
@@ -310,13 +311,16 @@ def make_objective(objective, model, num_data, **constrained):
     return ConstrainedObjective(model, num_data, **constrained)
 
 
-def constrained_summary(model, target_density, per_layer=False, tolerance=0.02):
+def constrained_summary(model, target_density, per_layer=False, multipliers=None, tolerance=0.02):
     """What a constrained run achieved at test time, and one-line warnings when it missed.
 
-    :returns: ``{"target_density", "test_time_density", "test_time_density_per_layer", "warnings"}``:
-        the target (a float, or ``{layer: target}`` with ``per_layer``), the test-time density of the
-        network and of each gated layer (:func:`~l0bayes.nn.density.test_time_density`), and a list of
-        one-line warnings: a constraint more than ``tolerance`` off its target, a layer with no gate open.
+    :param model: the trained network (or model) holding the gates.
+    :param multipliers: the run's final multipliers (``TrainResult.multipliers``), copied into the summary.
+    :returns: ``{"target_density", "test_time_density", "test_time_density_per_layer", "warnings"}``
+        (and ``"multipliers"`` when given): the target (a float, or ``{layer: target}`` with
+        ``per_layer``), the test-time density of the network and of each gated layer
+        (:func:`~l0bayes.nn.density.test_time_density`), and a list of one-line warnings: a constraint
+        more than ``tolerance`` off its target, a layer with no gate open.
     """
     names = density_names(model)
     overall = test_time_density(model)
@@ -335,9 +339,32 @@ def constrained_summary(model, target_density, per_layer=False, tolerance=0.02):
                 f"{what}: test-time density {achieved:.3f} is more than {tolerance:g} off its target {target:.3f}"
             )
     warnings += [f"layer {n} ended empty: no gate is open at test time" for n, d in layers.items() if d == 0]
-    return {
+    out = {
         "target_density": target_out,
         "test_time_density": overall,
         "test_time_density_per_layer": layers,
         "warnings": warnings,
     }
+    if multipliers is not None:
+        out["multipliers"] = torch.as_tensor(multipliers).detach().cpu().tolist()
+    return out
+
+
+def constrained_rows(summary):
+    """``(label, text)`` rows for a results table from :func:`constrained_summary`."""
+    target = summary["target_density"]
+    layers = summary["test_time_density_per_layer"]
+    if isinstance(target, dict):
+        target_text = ", ".join(f"{k} {v:.3g}" for k, v in target.items())
+    else:
+        target_text = f"{target:.3g}"
+    rows = [
+        ("target density", target_text),
+        (
+            "test-time density (Eq. 13)",
+            f"{summary['test_time_density']:.4f}  (" + ", ".join(f"{k} {v:.4f}" for k, v in layers.items()) + ")",
+        ),
+    ]
+    if "multipliers" in summary:
+        rows.append(("multipliers", ", ".join(f"{m:.4g}" for m in summary["multipliers"])))
+    return rows
