@@ -1,0 +1,98 @@
+"""Seconds per epoch of ``train()`` against a bare training loop doing the same steps (issue 13 / 11).
+
+The bare loop: shuffle, index the minibatch, ``zero_grad``, the model's ``penalized_loss``, ``backward``,
+fused Adam ``step``: nothing else. ``train()`` adds its objective object, the finiteness check, the
+progress bookkeeping and the end-of-epoch record (free energy on up to 1000 training examples, test error,
+expected FLOPs) every ``record_every`` epochs. The runs are interleaved in one process (bare, train with
+``record_every=1``, train with ``record_every=10``, repeated) and the ratios are of the medians.
+
+    python benchmarks/bench_train_overhead.py --repeats 3
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from l0bayes.data import load_dataset
+from l0bayes.inference import train
+from l0bayes.models import SparseClassifier
+from l0bayes.nn import L0MLP
+
+
+def workloads():
+    digits = load_dataset("digits", seed=0)
+    yield "digits MLP 64-100-50 (CLI default), 1258 train / 359 test", digits, (100, 50), 1e-2, 20
+    fashion = load_dataset("fashion-mnist", seed=0)
+    g = torch.Generator().manual_seed(0)
+    train_idx = torch.randperm(fashion.x_train.shape[0], generator=g)[:6000]
+    test_idx = torch.randperm(fashion.x_test.shape[0], generator=g)[:1000]
+    fashion.x_train, fashion.y_train = fashion.x_train[train_idx], fashion.y_train[train_idx]
+    fashion.x_test, fashion.y_test = fashion.x_test[test_idx], fashion.y_test[test_idx]
+    yield "Fashion-MNIST MLP 784-300-100, 6000 train / 1000 test (the full set's 6:1)", fashion, (300, 100), 1e-3, 10
+
+
+def model_for(data, hidden):
+    torch.manual_seed(0)
+    return SparseClassifier(L0MLP(in_features=data.num_features, hidden=hidden, num_classes=data.num_classes))
+
+
+def bare_loop(model, x, y, epochs, lr, batch_size=100, seed=0):
+    torch.manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=True)
+    shuffle = torch.Generator().manual_seed(seed)
+    n = x.shape[0]
+    model.train()
+    start = time.perf_counter()
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=shuffle)
+        for i in range(0, n, batch_size):
+            idx = order[i : i + batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            nll, cost = model.penalized_loss(x[idx], y[idx], n)
+            loss = nll + cost
+            (loss / n).backward()
+            optimizer.step()
+            float(loss)
+    return (time.perf_counter() - start) / epochs
+
+
+def train_epoch(model, data, epochs, lr, record_every):
+    start = time.perf_counter()
+    train(
+        model,
+        data.x_train,
+        data.y_train,
+        objective="penalized",
+        epochs=epochs,
+        lr=lr,
+        device="cpu",
+        test_data=(data.x_test, data.y_test),
+        input_shape=data.input_shape,
+        progress=False,
+        record_every=record_every,
+    )
+    return (time.perf_counter() - start) / epochs
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print("| workload | bare loop s/epoch | train() every epoch | ratio | train(record_every=10) | ratio |")
+    print("|---|---|---|---|---|---|")
+    for name, data, hidden, lr, epochs in workloads():
+        times = {"bare": [], "every": [], "ten": []}
+        for _ in range(args.repeats):
+            times["bare"].append(bare_loop(model_for(data, hidden), data.x_train, data.y_train, epochs, lr))
+            times["every"].append(train_epoch(model_for(data, hidden), data, epochs, lr, 1))
+            times["ten"].append(train_epoch(model_for(data, hidden), data, epochs, lr, 10))
+        bare, every, ten = (statistics.median(times[k]) for k in ("bare", "every", "ten"))
+        print(f"| {name} | {bare:.3f} | {every:.3f} | {every / bare:.3f} | {ten:.3f} | {ten / bare:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
