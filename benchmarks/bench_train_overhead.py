@@ -54,7 +54,7 @@ def bare_loop(model, x, y, epochs, lr, batch_size=100, seed=0):
             loss = nll + cost
             (loss / n).backward()
             optimizer.step()
-            float(loss)
+            float(loss.detach())
     return (time.perf_counter() - start) / epochs
 
 

@@ -1,5 +1,6 @@
 """Neural-network building blocks with hard concrete gates (Sections 2.3-2.4)."""
 
+from .density import expected_density, test_time_density
 from .gates import (
     HardConcreteGate,
     gate_prior,
@@ -39,6 +40,7 @@ __all__ = [
     "L0MLP",
     "LeNet5",
     "lenet5_flat_size",
+    "expected_density",
     "expected_l0",
     "expected_l2",
     "l0_layers",
@@ -50,4 +52,5 @@ __all__ = [
     "expected_flops",
     "flops",
     "prune",
+    "test_time_density",
 ]
