@@ -89,7 +89,7 @@ def with_cooper(data, steps):
     for idx in batches(n, steps):
         rollout = optimizer.roll(compute_cmp_state_kwargs={"x": data.x_train[idx], "y": data.y_train[idx]})
         violation = rollout.cmp_state.observed_constraints[problem.density].violation
-        trace.append((float(problem.density.multiplier.weight[0]), float(violation.detach()[0]) + TARGET))
+        trace.append((float(problem.density.multiplier.weight.detach()[0]), float(violation.detach()[0]) + TARGET))
     return (time.perf_counter() - start) / steps, trace
 
 

@@ -156,13 +156,13 @@ def figure(out, path, names):
         epochs = [h["epoch"] for h in hist]
         color = f"C{i}"
         if s["objective"] == "constrained":
-            label = f"target {s['target']}"
+            label = name
             ax_d.plot(epochs, [h["test_time_density"] for h in hist], color=color, label=f"{label}: test-time")
             ax_d.plot(epochs, [h["constraint"][0] for h in hist], color=color, ls=":", label=f"{label}: expected")
             for t in [s["target"]] if not isinstance(s["target"], list) else s["target"]:
                 ax_d.axhline(t, color=color, lw=0.6, ls="--")
         else:
-            label = f"penalised lam {s['lam']}/N"
+            label = f"{name} (penalised)"
         full = [h for h in hist if "test_error" in h]
         ax_e.plot([h["epoch"] for h in full], [100 * h["test_error"] for h in full], color=color, label=label)
     ax_d.set(xlabel="epoch", ylabel="density (fraction of gated parameters)", title="density vs target (dashed)")
