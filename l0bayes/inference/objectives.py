@@ -33,6 +33,7 @@ from .free_energy import free_energy
 __all__ = [
     "FINAL_PHASE",
     "MULTIPLIER_LR",
+    "MULTIPLIER_LR_PER_LR",
     "BayesObjective",
     "ConstrainedObjective",
     "Objective",
@@ -43,7 +44,8 @@ __all__ = [
 ]
 
 # Defaults of the constrained objective, chosen by measurement (benchmarks/RESULTS.md, "Issue 11").
-MULTIPLIER_LR = 0.03
+MULTIPLIER_LR_PER_LR = 3.0  # train(): multiplier_lr = 3 * lr unless given
+MULTIPLIER_LR = 0.03  # 3 * 1e-2, the digits learning rate
 DUAL_RESTARTS = True
 FINAL_PHASE = 0.1
 
@@ -143,7 +145,8 @@ class ConstrainedObjective(Objective):
 
     :param target_density: :math:`\epsilon` in ``(0, 1]``: a float, or with ``per_layer`` one per gated layer.
     :param bool per_layer: one constraint (and multiplier) per gated layer instead of one for the network.
-    :param multiplier_lr: :math:`\eta`, the ascent step of the multipliers per training step.
+    :param multiplier_lr: :math:`\eta`, the ascent step of the multipliers per training step
+        (:func:`~l0bayes.inference.train` uses ``3 * lr`` unless told otherwise).
     :param bool dual_restarts: reset a multiplier to zero whenever its constraint is satisfied.
     :param final_phase: fraction of the epochs (rounded up, at least one epoch when positive) with fixed gates;
         ``0`` trains on the Lagrangian throughout (the expected density then meets the target, the

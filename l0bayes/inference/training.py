@@ -23,7 +23,7 @@ from .device import resolve_device
 from .distributed import DataParallelContext
 from .errors import NonFiniteLossError
 from .free_energy import free_energy
-from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR, make_objective
+from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, make_objective
 
 __all__ = ["NonFiniteLossError", "OBJECTIVES", "ParameterAverage", "TrainResult", "resolve_device", "train"]
 
@@ -146,7 +146,7 @@ def train(
     test_data=None,
     target_density=None,
     per_layer=False,
-    multiplier_lr=MULTIPLIER_LR,
+    multiplier_lr=None,
     dual_restarts=DUAL_RESTARTS,
     checkpoint=None,
     resume=False,
@@ -173,7 +173,9 @@ def train(
         ``target_density`` (one global constraint, or one per gated layer with ``per_layer=True``, where
         ``target_density`` may list one target per layer):
         :class:`~l0bayes.inference.objectives.ConstrainedObjective`. A Lagrangian on the expected density
-        (projected gradient ascent on the multipliers, step ``multiplier_lr``, with ``dual_restarts``
+        (projected gradient ascent on the multipliers, step ``multiplier_lr``, by default ``3 * lr``: Adam moves a
+        ``log_alpha`` by at most about ``lr`` per step, and the multiplier moves on the same time scale; with
+        ``dual_restarts``
         resetting a multiplier to zero whenever its constraint holds), then, for the last
         ``final_phase`` fraction of the epochs, fixed gates that meet the target at test time while the
         weights go on training. The history records the expected and the test-time density
@@ -234,7 +236,7 @@ def train(
         num_data,
         target_density=target_density,
         per_layer=per_layer,
-        multiplier_lr=multiplier_lr,
+        multiplier_lr=MULTIPLIER_LR_PER_LR * float(lr) if multiplier_lr is None else multiplier_lr,
         dual_restarts=dual_restarts,
         final_phase=final_phase,
     )
