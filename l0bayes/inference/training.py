@@ -83,7 +83,7 @@ _ARGUMENT_RULES = (
         "constrained training needs target_density in (0, 1], got {target_density!r}",
     ),
     (
-        lambda a: a["objective"] == "constrained",
+        lambda a: a["objective"] == "constrained" and a["multiplier_lr"] is not None,
         lambda a: (
             _is_number(a["multiplier_lr"]) and math.isfinite(float(a["multiplier_lr"])) and a["multiplier_lr"] >= 0
         ),
