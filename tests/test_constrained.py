@@ -227,3 +227,14 @@ def test_record_every_marks_the_full_records():
     assert [h["full_record"] for h in history] == [False, True, False, True, True]
     assert all(("free_energy" in h) == h["full_record"] for h in history)
     assert all("mean_loss" in h and "wall_s" in h for h in history)
+
+
+def test_final_phase_survives_parameter_averaging():
+    # The average of parameters mixes the gates before and after they were fixed; the fixed gates must win.
+    x, y = _sparse_regression()
+    model = SparseLinearRegression(10)
+    result = train(
+        model, x, y, objective="constrained", target_density=0.3, epochs=10, lr=0.05, ema_decay=0.99, progress=False
+    )
+    assert density.test_time_density(model) == pytest.approx(0.3)
+    assert result.history[-1]["test_time_density"] == pytest.approx(0.3)

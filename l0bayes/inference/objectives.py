@@ -74,6 +74,9 @@ class Objective:
         """This objective's entries of the end-of-epoch history record."""
         return {}
 
+    def finalize_parameters(self):
+        """Make the model's parameters obey this objective's hard constraints (e.g. after parameter averaging)."""
+
     def multipliers(self):
         """The Lagrange multipliers (a zero tensor of one entry for the unconstrained objectives)."""
         p = next(self.model.parameters())
@@ -221,6 +224,12 @@ class ConstrainedObjective(Objective):
         if self.per_layer:
             return [_top_groups([g], t)[0] for g, t in zip(self.gates, self.target_values, strict=True)]
         return _top_groups(self.gates, self.target_values[0])
+
+    @torch.no_grad()
+    def finalize_parameters(self):
+        """In the final phase, the fixed gates (an average of parameters would otherwise blur them)."""
+        if self.fixed is not None:
+            self._project()
 
     def _project(self):
         for gate, keep in zip(self.gates, self.fixed, strict=True):

@@ -288,6 +288,8 @@ def train(
         full = (epoch + 1) % int(record_every) == 0 or epoch + 1 == epochs
         record = {"epoch": epoch + 1, "mean_loss": total_loss / steps, "wall_s": time.perf_counter() - start}
         with average.swapped() if average is not None else contextlib.nullcontext():
+            if average is not None:
+                estimator.finalize_parameters()  # the average of fixed gates is fixed too
             record.update(estimator.record())
             if full:
                 record.update(_full_record(model, x, y, estimator, batch_size, device, test_data, input_shape))
@@ -305,6 +307,7 @@ def train(
         bar.close()
     if average is not None and average.steps > 0:
         average.copy_to_model()
+        estimator.finalize_parameters()
     ddp.close()
     if not ddp.is_main:
         history = []
