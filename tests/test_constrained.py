@@ -245,3 +245,21 @@ def test_final_phase_survives_parameter_averaging():
         assert density.test_time_density(net) == 1.0  # the averaged gates are still mostly the old, open ones
         objective.finalize_parameters()
         assert density.test_time_density(net) == pytest.approx(10 / 22)
+
+
+def test_cli_summary_names_target_test_time_density_and_multipliers(tmp_path, capsys):
+    import json
+
+    pytest.importorskip("sklearn")
+    from l0bayes.cli import main
+
+    out = tmp_path / "run"
+    argv = ["fit", "--objective", "constrained", "--target-density", "0.3", "--per-layer", "--epochs", "2"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["target_density"] == {"fc1": 0.3, "fc2": 0.3, "fc3": 0.3}
+    assert set(summary["test_time_density_per_layer"]) == {"fc1", "fc2", "fc3"}
+    assert all(abs(v - 0.3) <= 0.02 for v in summary["test_time_density_per_layer"].values())
+    assert len(summary["multipliers"]) == 3 and summary["warnings"] == []
+    table = capsys.readouterr().out
+    assert "target density 0.3 per layer" in table and "test-time density (Eq. 13)" in table
