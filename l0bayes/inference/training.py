@@ -366,7 +366,7 @@ def _resume(ddp, checkpoint, device, model, optimizer, estimator, shuffle, avera
 def _run_signature(objective, lr, batch_size, x, y):
     """What must not change when a run is resumed: objective, learning rate, batch size and the data."""
     with torch.no_grad():
-        data = [list(x.shape), float(x.double().sum()), list(y.shape), float(y.double().sum())]
+        data = [list(x.shape), float(x.sum(dtype=torch.float64)), list(y.shape), float(y.sum(dtype=torch.float64))]
     return {"objective": objective, "lr": float(lr), "batch_size": int(batch_size), "data": data}
 
 
