@@ -263,3 +263,15 @@ def test_cli_summary_names_target_test_time_density_and_multipliers(tmp_path, ca
     assert len(summary["multipliers"]) == 3 and summary["warnings"] == []
     table = capsys.readouterr().out
     assert "target density 0.3 per layer" in table and "test-time density (Eq. 13)" in table
+
+
+def test_an_infinite_log_alpha_is_not_returned_silently():
+    # log_alpha = +inf gives finite gates (z = 1) and a finite loss, so only the parameter check catches it.
+    from l0bayes.inference import NonFiniteLossError
+
+    x, y = _sparse_regression(n=100, p=5)
+    model = SparseLinearRegression(5)
+    with torch.no_grad():
+        model.gate.log_alpha[0] = float("inf")
+    with pytest.raises(NonFiniteLossError, match="log_alpha"):
+        train(model, x, y, objective="constrained", target_density=0.4, epochs=1, final_phase=0, progress=False)
