@@ -1,5 +1,6 @@
 """Neural-network building blocks with hard concrete gates (Sections 2.3-2.4)."""
 
+from .export import load_pruned, save_pruned
 from .gates import (
     HardConcreteGate,
     gate_prior,
@@ -50,4 +51,6 @@ __all__ = [
     "expected_flops",
     "flops",
     "prune",
+    "load_pruned",
+    "save_pruned",
 ]
