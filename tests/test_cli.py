@@ -13,6 +13,8 @@ from idx_fixtures import write_mnist_dir
 import l0bayes.inference
 from l0bayes.cli import main, parse_lam
 from l0bayes.data import load_dataset
+from l0bayes.inference.checkpoint import load_checkpoint
+from l0bayes.nn import load_pruned
 
 TINY = ["--hidden", "16,8", "--epochs", "2", "--no-progress", "--threads", "1"]
 FILES = ("config.json", "history.json", "history.csv", "checkpoint.pt", "pruned.pt", "summary.json")
@@ -38,11 +40,12 @@ def test_fit_in_process(tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and float(rows[1]["test_error"]) == pytest.approx(history[1]["test_error"])
     # the saved pruned model, re-evaluated on an independently loaded test split, gives the reported error
-    saved = torch.load(out / "pruned.pt", weights_only=False)
+    saved, metadata = load_pruned(out / "pruned.pt")  # weights_only=True: no code from the file
     summary = json.loads((out / "summary.json").read_text())
     data = load_dataset("digits", seed=0)
-    assert _error_rate(saved["model"].eval(), data.x_test, data.y_test) == pytest.approx(summary["test"])
-    assert saved["architecture"] == summary["architecture"] and f"{100 * summary['test']:.2f}%" in printed
+    assert _error_rate(saved, data.x_test, data.y_test) == pytest.approx(summary["test"])
+    assert metadata["architecture"] == summary["architecture"] and f"{100 * summary['test']:.2f}%" in printed
+    assert metadata["num_classes"] == 10 and metadata["input_shape"] == [1, 8, 8]
     assert summary["params_pruned"] <= summary["params_dense"] == 64 * 16 + 16 + 16 * 8 + 8 + 8 * 10 + 10
 
 
@@ -236,7 +239,7 @@ def test_real_ctrl_c_in_a_subprocess(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "resume with --resume" in err and "Traceback" not in err
-    done = torch.load(out / "checkpoint.pt", weights_only=False)["epoch"]
+    done = load_checkpoint(out / "checkpoint.pt")["epoch"]
     assert 1 <= done < 2000
     assert main(["fit", "--out", str(out), "--resume", "--epochs", str(done + 1), "--no-progress"]) == 0
     assert len(json.loads((out / "history.json").read_text())) == done + 1
@@ -244,7 +247,7 @@ def test_real_ctrl_c_in_a_subprocess(tmp_path):
 
 def test_default_threads_one_on_bundled_sets_only():
     """Small bundled sets run on one intra-op thread unless --threads says otherwise."""
-    from l0bayes.cli import DEFAULTS, _fill_defaults
+    from l0bayes.cli.config import DEFAULTS, _fill_defaults
 
     assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": None})["threads"] == 1
     assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": "digits", "threads": 2})["threads"] == 2
