@@ -8,13 +8,24 @@ def default_hidden(data):
 
 
 def build_model(cfg, data):
-    """The model object :func:`~l0bayes.inference.train` trains, for the settings and data set."""
+    """The model object :func:`~l0bayes.inference.train` trains, for the settings and data set.
+
+    A setting the model's constructor refuses (e.g. per-layer lambdas naming unknown layers) is a
+    :class:`~l0bayes.cli.errors.CLIError`.
+    """
     import torch
 
+    torch.manual_seed(cfg["seed"])
+    try:
+        return _build(cfg, data)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+
+
+def _build(cfg, data):
     from ..models import SparseClassifier, SparseLinearRegression, SparseLogisticRegression
     from ..nn import L0MLP, L0LeNet5
 
-    torch.manual_seed(cfg["seed"])
     model = cfg["model"]
     if model in ("linear", "logistic"):
         cls = SparseLinearRegression if model == "linear" else SparseLogisticRegression
@@ -40,12 +51,9 @@ def build_model(cfg, data):
             padding=padding,
             weight_init=weight_init,
         )
-    try:
-        return SparseClassifier(
-            net, lam=cfg["lam"], weight_decay=cfg["weight_decay"], prior_inclusion=cfg["prior_inclusion"]
-        )
-    except ValueError as err:  # e.g. per-layer lambdas naming unknown layers
-        raise CLIError(str(err)) from None
+    return SparseClassifier(
+        net, lam=cfg["lam"], weight_decay=cfg["weight_decay"], prior_inclusion=cfg["prior_inclusion"]
+    )
 
 
 def train_targets(cfg, data):
