@@ -37,57 +37,67 @@ import time
 
 from tables import format_table
 
-SETTINGS = {
-    "threads=1": ({"threads": 1}, {}),
-    "threads=2": ({"threads": 2}, {}),
-    "threads=2, OMP_WAIT_POLICY=PASSIVE": ({"threads": 2}, {"OMP_WAIT_POLICY": "PASSIVE"}),
-    "default (l0bayes fit)": ({"threads": "default"}, {}),
+POLICIES = {
+    "default wait policy": {},
+    "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
 }
+THREADS = (1, 2)
 NUM_DATA = 60000
 BATCH_SIZE = 100
 
 
-def worker(threads, seconds, warmup):
-    """Time steps of the penalised L0 MLP; prints one JSON line ``{"threads": n, "steps_per_s": ...}``."""
+def worker(seconds, block, warmup):
+    """Alternate blocks of ``block`` steps at 1 and 2 threads for ``seconds``; prints one JSON line.
+
+    ``{"default_threads": n, "rates": {"1": [steps/s per block], "2": [...]}}``, ``n`` being what
+    :func:`l0bayes.cli.threads.default_threads` chooses when the worker starts.
+    """
     import torch
 
     from l0bayes.cli.threads import default_threads
     from l0bayes.models import SparseClassifier
     from l0bayes.nn import L0MLP
 
-    n = default_threads(torch.get_num_threads()) if threads == "default" else int(threads)
-    torch.set_num_threads(n)
+    chosen = default_threads(torch.get_num_threads())
     torch.manual_seed(0)
     x = torch.randn(NUM_DATA, 784)
     y = torch.randint(0, 10, (NUM_DATA,))
     model = SparseClassifier(L0MLP(784, (300, 100), 10), lam=0.1)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     order = torch.randperm(NUM_DATA)
+    k = 0
 
-    def step(k):
-        index = order[(k * BATCH_SIZE) % NUM_DATA :][:BATCH_SIZE]
-        nll, code_cost = model.penalized_loss(x[index], y[index], NUM_DATA)
-        loss = (nll + code_cost) / NUM_DATA
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    def steps(n):
+        nonlocal k
+        for _ in range(n):
+            index = order[(k * BATCH_SIZE) % NUM_DATA :][:BATCH_SIZE]
+            nll, code_cost = model.penalized_loss(x[index], y[index], NUM_DATA)
+            loss = (nll + code_cost) / NUM_DATA
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            k += 1
 
-    for k in range(warmup):
-        step(k)
-    k, start = 0, time.perf_counter()
+    for n in THREADS:
+        torch.set_num_threads(n)
+        steps(warmup)
+    rates = {str(n): [] for n in THREADS}
+    start = time.perf_counter()
     while time.perf_counter() - start < seconds:
-        step(k)
-        k += 1
-    rate = k / (time.perf_counter() - start)
-    print(json.dumps({"threads": n, "steps_per_s": rate}), flush=True)
+        for n in THREADS:
+            torch.set_num_threads(n)
+            t = time.perf_counter()
+            steps(block)
+            rates[str(n)].append(block / (time.perf_counter() - t))
+    print(json.dumps({"default_threads": chosen, "rates": rates}), flush=True)
 
 
-def run_worker(name, seconds, warmup):
-    options, env = SETTINGS[name]
-    command = [sys.executable, __file__, "--worker", str(options["threads"]), "--seconds", str(seconds)]
+def run_worker(policy, seconds, block, warmup):
+    command = [sys.executable, __file__, "--worker", "--seconds", str(seconds), "--block", str(block)]
     command += ["--warmup", str(warmup)]
-    environ = {**os.environ, **env}
-    environ.pop("OMP_NUM_THREADS", None)  # the worker sets its own count
+    environ = {**os.environ, **POLICIES[policy]}
+    environ.pop("OMP_NUM_THREADS", None)  # the worker sets its own counts
     proc = subprocess.run(command, capture_output=True, text=True, env=environ, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -97,56 +107,77 @@ def busy_process():
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def measure(repeats, seconds, warmup, settings):
-    rates = {(c, s): [] for c in ("idle", "busy") for s in settings}
-    chosen = {c: [] for c in ("idle", "busy")}
+def measure(repeats, seconds, block, warmup):
+    """``{(condition, policy): [worker results]}`` and the 1-minute load average before each condition."""
+    results = {(c, p): [] for c in ("idle", "busy") for p in POLICIES}
     loads = []
     for r in range(repeats):
-        order = settings[r % len(settings) :] + settings[: r % len(settings)]
         for condition in ("idle", "busy") if r % 2 == 0 else ("busy", "idle"):
             loads.append(os.getloadavg()[0])
-            for name in order:
+            for policy in list(POLICIES)[:: 1 if r % 2 == 0 else -1]:
                 competitor = busy_process() if condition == "busy" else None
                 try:
                     if competitor is not None:
                         time.sleep(0.5)  # let it reach the run queue
-                    result = run_worker(name, seconds, warmup)
+                    result = run_worker(policy, seconds, block, warmup)
                 finally:
                     if competitor is not None:
                         competitor.terminate()
                         competitor.wait()
-                rates[condition, name].append(result["steps_per_s"])
-                if name.startswith("default"):
-                    chosen[condition].append(result["threads"])
-                print(f"repeat {r + 1} {condition:4s} {name:36s} {result['steps_per_s']:7.1f} steps/s", flush=True)
-    return rates, chosen, loads
+                results[condition, policy].append(result)
+                rates = {n: statistics.median(v) for n, v in result["rates"].items()}
+                print(
+                    f"repeat {r + 1} {condition:4s} {policy:24s} 1 thread {rates['1']:6.1f}, 2 threads "
+                    f"{rates['2']:6.1f} steps/s; default_threads() -> {result['default_threads']}",
+                    flush=True,
+                )
+    return results, loads
+
+
+def summarise(results, condition):
+    """Rows ``(setting, steps/s, speed relative to 1 thread)``; ratios are medians of in-process block pairs."""
+    rows = []
+    for policy in POLICIES:
+        runs = results[condition, policy]
+        ratios = [b / a for run in runs for a, b in zip(run["rates"]["1"], run["rates"]["2"], strict=True)]
+        one = statistics.median(r for run in runs for r in run["rates"]["1"])
+        two = statistics.median(r for run in runs for r in run["rates"]["2"])
+        if not rows:
+            rows.append(("1 thread", one, 1.0))
+        rows.append((f"2 threads, {policy}", two, statistics.median(ratios)))
+    return rows
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=4.0, help="timed wall seconds per worker")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed steps per worker")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=12.0, help="timed wall seconds per worker")
+    parser.add_argument("--block", type=int, default=15, help="steps per block at one thread count")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps per thread count and worker")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
-    if args.worker is not None:
-        worker(args.worker, args.seconds, args.warmup)
+    if args.worker:
+        worker(args.seconds, args.block, args.warmup)
         return
-    settings = list(SETTINGS)
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"{datetime.date.today()}, {os.cpu_count()} CPUs, before: {uptime}", flush=True)
-    rates, chosen, loads = measure(args.repeats, args.seconds, args.warmup, settings)
-    rows = []
+    results, loads = measure(args.repeats, args.seconds, args.block, args.warmup)
+    table = []
     for condition in ("idle", "busy"):
-        medians = {s: statistics.median(rates[condition, s]) for s in settings}
-        best = max(medians.values())
-        for s in settings:
-            threads = f" ({'/'.join(map(str, chosen[condition]))} threads)" if s.startswith("default") else ""
-            per_epoch = NUM_DATA / BATCH_SIZE / medians[s]
-            rows.append([condition, s + threads, f"{medians[s]:.1f}", f"{per_epoch:.2f}", f"{best / medians[s]:.2f}x"])
-    header = ["condition", "setting", "steps/s (median)", "s per 600 steps", "slower than best"]
-    print(format_table(header, rows, markdown=args.markdown))
+        rows = summarise(results, condition)
+        best = max(relative for _, _, relative in rows)
+        chosen = [r["default_threads"] for p in POLICIES for r in results[condition, p]]
+        for setting, rate, relative in rows:
+            table.append([condition, setting, f"{rate:.1f}", f"{relative:.2f}", f"{best / relative:.2f}x"])
+        default = statistics.median(chosen)
+        relative = rows[0][2] if default == 1 else rows[1][2]
+        table.append(
+            [condition, f"l0bayes fit default ({'/'.join(map(str, chosen))} threads)", "", f"{relative:.2f}",
+             f"{best / relative:.2f}x"]
+        )  # fmt: skip
+    header = ["condition", "setting", "steps/s (median)", "speed vs 1 thread (in-process)", "slower than best"]
+    print(format_table(header, table, markdown=args.markdown))
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"load average (1 min) at the start of each condition: {', '.join(f'{v:.2f}' for v in loads)}")
     print(f"after: {after}")
