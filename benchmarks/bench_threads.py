@@ -6,24 +6,23 @@ lambda = 0.1/N, minibatches of 100 drawn from 60,000 standardised inputs, fused 
 Random inputs of that shape stand in for the images: the cost of a step does not depend on the pixel
 values, and every worker then starts in a second.
 
-Settings (each in a fresh worker process, since an OpenMP wait policy is read when the OpenMP runtime
-loads):
+One worker process per OpenMP wait policy (a policy is read when the OpenMP runtime loads with
+torch): the default (spinning), ``OMP_WAIT_POLICY=PASSIVE`` (waiting threads sleep) and
+``GOMP_SPINCOUNT=10000`` (a short spin, then sleep). Inside a worker, blocks of ``--block`` steps
+alternate between ``torch.set_num_threads(1)`` and ``(2)`` for ``--seconds``; the speed of two
+threads against one is the median over adjacent block pairs, measured side by side in one process.
+``l0bayes fit``'s default is torch's thread count (2 here) with ``OMP_WAIT_POLICY=PASSIVE``
+(:mod:`l0bayes.cli.threads`).
 
-* ``threads=1``, ``threads=2``: ``torch.set_num_threads``;
-* ``threads=2, OMP_WAIT_POLICY=PASSIVE``: waiting OpenMP threads sleep instead of spinning;
-* ``default``: what ``l0bayes fit`` chooses now (:func:`l0bayes.cli.threads.default_threads`,
-  evaluated in the worker when it starts).
-
-Conditions: ``idle`` (whatever else the machine runs; the load is printed) and ``busy``: one
-pure-Python busy loop that this script starts before and stops after each worker. Settings and
-conditions are interleaved: every repeat runs each condition, and within it every setting in a
-rotated order. A worker warms up for ``--warmup`` steps, then counts steps for ``--seconds`` of
-wall time. The table gives the median steps/s over repeats and each setting's slowdown against the
-best setting of the same condition.
+Conditions: ``idle`` (whatever else the machine runs; the load average is printed) and ``busy``:
+one pure-Python busy loop that this script starts before and stops after each worker. Conditions
+and policies alternate in order from repeat to repeat. The table gives median steps/s, the
+in-process speed relative to one thread, and each setting's slowdown against the best setting of
+the same condition.
 
 Example::
 
-    python benchmarks/bench_threads.py --repeats 3 --seconds 4 --markdown
+    python benchmarks/bench_threads.py --repeats 3 --seconds 12 --markdown --save threads.json
 """
 
 import argparse
@@ -43,6 +42,7 @@ POLICIES = {
     "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
 }
 THREADS = (1, 2)
+CLI_DEFAULT = "OMP_WAIT_POLICY=PASSIVE"  # what `l0bayes fit` sets (l0bayes.cli.threads), with torch's count
 NUM_DATA = 60000
 BATCH_SIZE = 100
 
@@ -50,16 +50,15 @@ BATCH_SIZE = 100
 def worker(seconds, block, warmup):
     """Alternate blocks of ``block`` steps at 1 and 2 threads for ``seconds``; prints one JSON line.
 
-    ``{"default_threads": n, "rates": {"1": [steps/s per block], "2": [...]}}``, ``n`` being what
-    :func:`l0bayes.cli.threads.default_threads` chooses when the worker starts.
+    ``{"torch_threads": n, "rates": {"1": [steps/s per block], "2": [...]}}``, ``n`` being torch's own
+    thread count (what ``l0bayes fit`` keeps on a non-bundled data set).
     """
     import torch
 
-    from l0bayes.cli.threads import default_threads
     from l0bayes.models import SparseClassifier
     from l0bayes.nn import L0MLP
 
-    chosen = default_threads(torch.get_num_threads())
+    chosen = torch.get_num_threads()
     torch.manual_seed(0)
     x = torch.randn(NUM_DATA, 784)
     y = torch.randint(0, 10, (NUM_DATA,))
@@ -90,7 +89,7 @@ def worker(seconds, block, warmup):
             t = time.perf_counter()
             steps(block)
             rates[str(n)].append(block / (time.perf_counter() - t))
-    print(json.dumps({"default_threads": chosen, "rates": rates}), flush=True)
+    print(json.dumps({"torch_threads": chosen, "rates": rates}), flush=True)
 
 
 def run_worker(policy, seconds, block, warmup):
@@ -128,7 +127,7 @@ def measure(repeats, seconds, block, warmup):
                 rates = {n: statistics.median(v) for n, v in result["rates"].items()}
                 print(
                     f"repeat {r + 1} {condition:4s} {policy:24s} 1 thread {rates['1']:6.1f}, 2 threads "
-                    f"{rates['2']:6.1f} steps/s; default_threads() -> {result['default_threads']}",
+                    f"{rates['2']:6.1f} steps/s (torch's count {result['torch_threads']})",
                     flush=True,
                 )
     return results, loads
@@ -156,6 +155,7 @@ def main():
     parser.add_argument("--block", type=int, default=15, help="steps per block at one thread count")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps per thread count and worker")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--save", default=None, help="write the per-block rates to this JSON file")
     args = parser.parse_args()
     if args.worker:
         worker(args.seconds, args.block, args.warmup)
@@ -167,15 +167,14 @@ def main():
     for condition in ("idle", "busy"):
         rows = summarise(results, condition)
         best = max(relative for _, _, relative in rows)
-        chosen = [r["default_threads"] for p in POLICIES for r in results[condition, p]]
         for setting, rate, relative in rows:
             table.append([condition, setting, f"{rate:.1f}", f"{relative:.2f}", f"{best / relative:.2f}x"])
-        default = statistics.median(chosen)
-        relative = rows[0][2] if default == 1 else rows[1][2]
-        table.append(
-            [condition, f"l0bayes fit default ({'/'.join(map(str, chosen))} threads)", "", f"{relative:.2f}",
-             f"{best / relative:.2f}x"]
-        )  # fmt: skip
+        default = [r for r in rows if r[0] == f"2 threads, {CLI_DEFAULT}"][0]
+        table.append(["**" + condition, f"l0bayes fit default: {default[0]}**", "", f"{default[2]:.2f}",
+                      f"{best / default[2]:.2f}x"])  # fmt: skip
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump({f"{c}|{p}": v for (c, p), v in results.items()}, f)
     header = ["condition", "setting", "steps/s (median)", "speed vs 1 thread (in-process)", "slower than best"]
     print(format_table(header, table, markdown=args.markdown))
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()

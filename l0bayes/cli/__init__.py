@@ -11,7 +11,7 @@ One module per concern:
 
 * :mod:`~l0bayes.cli.arguments`: the argument parser and the parsers of option values;
 * :mod:`~l0bayes.cli.config`: defaults, their checks, ``config.json`` and what ``--resume`` may change;
-* :mod:`~l0bayes.cli.threads`: the default number of intra-op threads;
+* :mod:`~l0bayes.cli.threads`: how OpenMP threads wait (set before torch loads);
 * :mod:`~l0bayes.cli.models`: the model built from the settings and the data set;
 * :mod:`~l0bayes.cli.rundir`: the run directory (lock, atomic writes, stale checkpoints);
 * :mod:`~l0bayes.cli.evaluation`: the final numbers and the pruned model;
@@ -27,6 +27,7 @@ from .config import DEFAULTS, RESUMABLE, resolve_config
 from .errors import CLIError
 from .fit import fit
 from .models import build_model
+from .threads import configure_openmp
 
 __all__ = ["CLIError", "DEFAULTS", "RESUMABLE", "build_model", "build_parser", "fit", "main", "parse_lam"]
 
@@ -36,6 +37,7 @@ def main(argv=None):
 
     With no arguments, or options without a command, runs ``fit``.
     """
+    configure_openmp()  # before torch loads: OpenMP threads that sleep, not spin, when they wait
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["fit", *argv]

@@ -225,8 +225,8 @@ def build_parser():
         type=_positive_int,
         default=None,
         help="torch.set_num_threads (default 1 for the bundled sets, whose small matrix products only lose from "
-        "intra-op threads; otherwise, at the start of the run, the CPUs not busy with other processes, at most "
-        "torch's default: see benchmarks/bench_threads.py)",
+        "intra-op threads; torch's default otherwise, with OMP_WAIT_POLICY=PASSIVE unless set: see "
+        "benchmarks/bench_threads.py)",
     )
     g.add_argument(
         "--out",

@@ -54,7 +54,7 @@ def _fill_defaults(cfg):
     if cfg["epochs"] is None:
         cfg["epochs"] = 100 if data in BUNDLED else 10
     if cfg["threads"] is None and data in BUNDLED:
-        cfg["threads"] = 1  # else chosen when the run starts: l0bayes.cli.threads.default_threads
+        cfg["threads"] = 1  # else torch's count, with passive OpenMP waiting (l0bayes.cli.threads)
     return cfg
 
 

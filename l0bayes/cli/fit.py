@@ -48,14 +48,12 @@ def fit(cfg, resume=False, overwrite=False):
 
 
 def _set_threads(cfg):
-    """``torch.set_num_threads``: ``--threads``, else :func:`~l0bayes.cli.threads.default_threads`."""
+    """``torch.set_num_threads(--threads)``; without it torch's own count (see :mod:`l0bayes.cli.threads`)."""
     import torch
 
-    from .threads import default_threads
-
-    threads = cfg["threads"] or default_threads(torch.get_num_threads())
-    torch.set_num_threads(threads)
-    return threads
+    if cfg["threads"]:
+        torch.set_num_threads(cfg["threads"])
+    return torch.get_num_threads()
 
 
 def _load_data(cfg):
