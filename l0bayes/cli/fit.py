@@ -169,8 +169,9 @@ def _finish(cfg, run, data, result, wall):
     table = format_table(cfg, data, summary, wall, dev, extra_rows)
     write_history(history, run)
     save_pruned(module, run.file("pruned.pt"), metadata)
-    title = f"{cfg['model']} on {cfg['data']}, {cfg['objective']}, lambda {lam_text(cfg)}"
     regression = cfg["model"] in ("linear", "logistic")
+    code = "Gaussian slab" if regression and cfg["slab"] == "gaussian" else f"lambda {lam_text(cfg)}"
+    title = f"{cfg['model']} on {cfg['data']}, {cfg['objective']}, {code}"
     plots = write_plots(
         history,
         result.model,
