@@ -147,6 +147,45 @@ def summarise(results, condition):
     return rows
 
 
+CLI_SETTINGS = {
+    "default (torch's count, PASSIVE)": ([], {}),
+    "--threads 1": (["--threads", "1"], {}),
+}
+
+
+def cli_epochs(repeats, data_dir=None):
+    """Wall seconds of one epoch of ``l0bayes fit --data fashion-mnist`` per setting and condition.
+
+    Each run is ``python -m l0bayes fit --data fashion-mnist --epochs 1`` into a fresh temporary
+    directory; the epoch time is the ``wall_s`` of its history (training only, no data loading).
+    """
+    import tempfile
+
+    times = {(c, s): [] for c in ("idle", "busy") for s in CLI_SETTINGS}
+    for r in range(repeats):
+        for condition in ("idle", "busy") if r % 2 == 0 else ("busy", "idle"):
+            for name in list(CLI_SETTINGS)[:: 1 if r % 2 == 0 else -1]:
+                extra, env = CLI_SETTINGS[name]
+                with tempfile.TemporaryDirectory() as tmp:
+                    out = os.path.join(tmp, "run")
+                    command = [sys.executable, "-m", "l0bayes", "fit", "--data", "fashion-mnist", "--epochs", "1"]
+                    command += ["--no-progress", "--out", out, *extra]
+                    command += ["--data-dir", data_dir] if data_dir else []
+                    environ = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+                    competitor = busy_process() if condition == "busy" else None
+                    try:
+                        subprocess.run(command, check=True, capture_output=True, env={**environ, **env})
+                    finally:
+                        if competitor is not None:
+                            competitor.terminate()
+                            competitor.wait()
+                    with open(os.path.join(out, "history.json")) as f:
+                        wall = json.load(f)[-1]["wall_s"]
+                times[condition, name].append(wall)
+                print(f"cli repeat {r + 1} {condition:4s} {name:34s} {wall:7.1f} s/epoch", flush=True)
+    return times
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -156,7 +195,21 @@ def main():
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps per thread count and worker")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--save", default=None, help="write the per-block rates to this JSON file")
+    parser.add_argument(
+        "--cli", type=int, default=0, metavar="REPEATS", help="instead: time REPEATS epochs of l0bayes fit per setting"
+    )
     args = parser.parse_args()
+    if args.cli:
+        print(f"{datetime.date.today()}, before: {subprocess.run(['uptime'], capture_output=True, text=True).stdout}")
+        times = cli_epochs(args.cli)
+        rows = []
+        for condition in ("idle", "busy"):
+            medians = {s: statistics.median(times[condition, s]) for s in CLI_SETTINGS}
+            best = min(medians.values())
+            rows += [[condition, s, f"{t:.1f}", f"{t / best:.2f}x"] for s, t in medians.items()]
+        print(format_table(["condition", "setting", "s/epoch (median)", "slower than best"], rows, args.markdown))
+        print(f"after: {subprocess.run(['uptime'], capture_output=True, text=True).stdout}")
+        return
     if args.worker:
         worker(args.seconds, args.block, args.warmup)
         return
