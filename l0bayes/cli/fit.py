@@ -15,6 +15,7 @@ def fit(cfg, resume=False, overwrite=False):
     :param overwrite: replace the outputs of an earlier run in ``cfg["out"]``.
     """
     from ..inference.training import resolve_device
+    from .models import build_model, train_targets
 
     main_process = is_main_process()
     run = RunDirectory(cfg["out"])
@@ -26,8 +27,6 @@ def fit(cfg, resume=False, overwrite=False):
     except (ValueError, RuntimeError) as err:
         raise CLIError(f"--device {cfg['device']}: {err}") from None
     data = _load_data(cfg)
-    from .models import build_model, train_targets
-
     model = build_model(cfg, data)
     targets = train_targets(cfg, data)
     if resume:
