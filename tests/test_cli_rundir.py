@@ -109,6 +109,16 @@ def test_a_second_fit_into_a_locked_directory_fails_clearly(tmp_path, capsys):
     finally:
         holder.close()
     assert main([*TINY, "--out", str(out)]) == 0  # released: the directory is usable again
+    capsys.readouterr()
+    holder = RunDirectory(out).open(resume=True)  # a running fit in a used directory: "in use", not "not empty"
+    try:
+        for argv in ([], ["--overwrite"]):
+            line = _error(capsys, main([*TINY, "--out", str(out), *argv]))
+            assert "in use by another l0bayes fit" in line
+        line = _error(capsys, main(["--resume", "--out", str(out), "--no-progress"]))
+        assert "in use by another l0bayes fit" in line
+    finally:
+        holder.close()
 
 
 def test_the_lock_is_held_across_processes(tmp_path):

@@ -109,6 +109,9 @@ class RunDirectory:
         target = self.path if os.path.isdir(self.path) else parent
         if not os.access(target, os.W_OK | os.X_OK):
             raise CLIError(f"--out {self.path}: {target} is not writable")
+        if self._lock is None and os.path.isfile(self.file(LOCK)):
+            self._take_lock()  # in use by a running fit: say so before anything else
+            self.close()
         if os.path.isdir(self.path) and not resume and not overwrite:
             contents = self._contents()
             if contents:
