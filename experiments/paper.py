@@ -105,6 +105,8 @@ def run_l0(name, args, out):
         command += ["--threads", str(args.threads)]
     if os.path.isfile(os.path.join(out, "checkpoint.pt")):
         command += ["--resume"]
+    elif os.path.isdir(out) and os.listdir(out):  # started but no epoch finished: nothing to continue
+        command += ["--overwrite"]
     print("$ " + shlex.join(command), flush=True)
     subprocess.run(command, check=True)
     return shlex.join(command)
@@ -119,6 +121,7 @@ def run_dense(name, args, out):
     from l0bayes.inference import ParameterAverage
     from l0bayes.inference.training import resolve_device
     from l0bayes.nn import MLP, LeNet5, count_parameters, flops
+    from l0bayes.nn.export import save_pruned
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -181,7 +184,7 @@ def run_dense(name, args, out):
         json.dump(history, f, indent=1)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    torch.save(net, os.path.join(out, "dense.pt"))
+    save_pruned(net, os.path.join(out, "dense.pt"), {"model": name, "architecture": dense_arch})
     return f"{shlex.join([sys.executable, *sys.argv])}  (dense baseline {name}, in-process)"
 
 

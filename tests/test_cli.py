@@ -13,6 +13,8 @@ from idx_fixtures import write_mnist_dir
 import l0bayes.inference
 from l0bayes.cli import main, parse_lam
 from l0bayes.data import load_dataset
+from l0bayes.inference.checkpoint import load_checkpoint
+from l0bayes.nn import load_pruned
 
 TINY = ["--hidden", "16,8", "--epochs", "2", "--no-progress", "--threads", "1"]
 FILES = ("config.json", "history.json", "history.csv", "checkpoint.pt", "pruned.pt", "summary.json")
@@ -38,11 +40,12 @@ def test_fit_in_process(tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and float(rows[1]["test_error"]) == pytest.approx(history[1]["test_error"])
     # the saved pruned model, re-evaluated on an independently loaded test split, gives the reported error
-    saved = torch.load(out / "pruned.pt", weights_only=False)
+    saved, metadata = load_pruned(out / "pruned.pt")  # weights_only=True: no code from the file
     summary = json.loads((out / "summary.json").read_text())
     data = load_dataset("digits", seed=0)
-    assert _error_rate(saved["model"].eval(), data.x_test, data.y_test) == pytest.approx(summary["test"])
-    assert saved["architecture"] == summary["architecture"] and f"{100 * summary['test']:.2f}%" in printed
+    assert _error_rate(saved, data.x_test, data.y_test) == pytest.approx(summary["test"])
+    assert metadata["architecture"] == summary["architecture"] and f"{100 * summary['test']:.2f}%" in printed
+    assert metadata["num_classes"] == 10 and metadata["input_shape"] == [1, 8, 8]
     assert summary["params_pruned"] <= summary["params_dense"] == 64 * 16 + 16 + 16 * 8 + 8 + 8 * 10 + 10
 
 
@@ -236,7 +239,7 @@ def test_real_ctrl_c_in_a_subprocess(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "resume with --resume" in err and "Traceback" not in err
-    done = torch.load(out / "checkpoint.pt", weights_only=False)["epoch"]
+    done = load_checkpoint(out / "checkpoint.pt")["epoch"]
     assert 1 <= done < 2000
     assert main(["fit", "--out", str(out), "--resume", "--epochs", str(done + 1), "--no-progress"]) == 0
     assert len(json.loads((out / "history.json").read_text())) == done + 1
@@ -244,7 +247,7 @@ def test_real_ctrl_c_in_a_subprocess(tmp_path):
 
 def test_default_threads_one_on_bundled_sets_only():
     """Small bundled sets run on one intra-op thread unless --threads says otherwise."""
-    from l0bayes.cli import DEFAULTS, _fill_defaults
+    from l0bayes.cli.config import DEFAULTS, _fill_defaults
 
     assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": None})["threads"] == 1
     assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": "digits", "threads": 2})["threads"] == 2
@@ -259,3 +262,69 @@ def test_init_option_reaches_the_network(tmp_path):
         cfg = resolve_config(build_parser().parse_args(["fit", "--init", init, "--out", str(tmp_path)]))
         biases = [m.bias for m in build_model(cfg, data).modules() if getattr(m, "bias", None) is not None]
         assert biases and all(bool((b == 0).all()) == zero_bias for b in biases)
+
+
+# ---------------------------------------------------------------------------- readable output
+
+
+def test_linear_run_plots_the_rmse_and_names_the_features(tmp_path, capsys, monkeypatch):
+    from l0bayes.cli import plots
+
+    figures = {}
+
+    def capture(self, name, fig, dpi=110):  # what each figure shows, read before it is closed
+        ax = fig.axes[0]
+        figures[name] = {
+            "ylabels": [a.get_ylabel() for a in fig.axes],
+            "xticks": [t.get_text() for t in ax.get_xticklabels()],
+            "points": [list(line.get_ydata()) for a in fig.axes for line in a.get_lines()],
+        }
+
+    monkeypatch.setattr("l0bayes.cli.rundir.RunDirectory.write_figure", capture)
+    argv = ["--model", "linear", "--objective", "bayes", "--slab", "gaussian", "--epochs", "2", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "0.5 log N" not in printed and "lambda none (Gaussian slab" in printed
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    training = figures["training.png"]
+    assert "test RMSE" in training["ylabels"][0] and "error" not in training["ylabels"][0]
+    assert training["points"][0] == [pytest.approx(summary["test"])]  # the RMSE of the table, not an empty panel
+    names = load_dataset("diabetes").feature_names
+    assert figures["gates.png"]["xticks"] == names == ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
+    # a per-epoch RMSE, when the history records one, is preferred to the final point
+    history = [{"epoch": 1, "test_error": None, "test_rmse": 0.9}, {"epoch": 2, "test_error": None, "test_rmse": 0.8}]
+    assert plots.training_panels(history, ("test RMSE", 0.8))[0][0] == "test_rmse"
+    assert plots.training_panels([{"epoch": 1, "test_error": None, "nll": 1.0}], None) == []
+
+
+def test_point_slab_header_keeps_its_lambda():
+    from l0bayes.cli.report import lam_text
+
+    base = {"model": "linear", "slab": "point", "lam": None}
+    assert lam_text(base) == "0.5 log N per feature"
+    assert lam_text({**base, "lam": 2.0}) == "2/N"
+    assert "Gaussian slab" in lam_text({**base, "slab": "gaussian"}) and "log N" not in lam_text(
+        {**base, "slab": "gaussian"}
+    )
+    assert lam_text({"model": "mlp", "slab": "point", "lam": {"fc1": 0.1}}) == "fc1: 0.1/N"
+
+
+def test_without_matplotlib_the_plots_are_skipped_with_a_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert main([*TINY, "--epochs", "1", "--out", str(tmp_path)]) == 0
+    assert "plots skipped: matplotlib is not installed" in capsys.readouterr().out
+    assert not (tmp_path / "training.png").exists() and (tmp_path / "summary.json").is_file()
+
+
+def test_regression_export_predicts_like_the_coefficients(tmp_path):
+    assert main(["--model", "logistic", "--epochs", "2", "--no-progress", "--out", str(tmp_path)]) == 0
+    module, metadata = load_pruned(tmp_path / "pruned.pt")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    data = load_dataset("breast-cancer")
+    coef = torch.tensor([c for _, _, c in summary["features"]])
+    bias = metadata["bias"]
+    with torch.no_grad():
+        logits = module(data.x_test)
+    torch.testing.assert_close(logits, data.x_test @ coef + bias, atol=1e-5, rtol=1e-5)
+    assert float(((logits > 0).long() != data.y_test).double().mean()) == pytest.approx(summary["test"])
+    assert metadata["selected"] == summary["selected"] and len(metadata["feature_names"]) == 30

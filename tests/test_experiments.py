@@ -38,6 +38,18 @@ def test_paper_script_runs_the_protocol_and_summarises(tmp_path, capsys, monkeyp
         assert summary["test"] == pytest.approx(history[-1]["test_error"])  # the averaged model is the one reported
         assert f"| {name} | 2 |" in printed
     assert (out / "history.png").stat().st_size > 0
+    # the dense baseline is saved as a state dict + layer list (no pickled module) and reproduces its error
+    import torch
+
+    from l0bayes.data import load_dataset
+    from l0bayes.nn import load_pruned
+
+    dense, metadata = load_pruned(out / "mlp-dense" / "dense.pt")
+    test = load_dataset("mnist-dir", data_dir=data)
+    with torch.no_grad():
+        error = float((dense(test.x_test).argmax(-1) != test.y_test).double().mean())
+    summary = json.loads((out / "mlp-dense" / "summary.json").read_text())
+    assert metadata["model"] == "mlp-dense" and error == pytest.approx(summary["test"])
     # a second invocation into the same directory keeps the first one's commands
     assert paper.main([*argv, "--runs", "mlp-sep", "--ema", "0", "--log-alpha-range", "none", "--init", "torch"]) == 0
     commands = json.loads((out / "commands.json").read_text())

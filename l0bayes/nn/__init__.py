@@ -1,6 +1,7 @@
 """Neural-network building blocks with hard concrete gates (Sections 2.3-2.4)."""
 
 from .density import expected_density, test_time_density
+from .export import load_pruned, save_pruned
 from .gates import (
     HardConcreteGate,
     gate_prior,
@@ -53,4 +54,6 @@ __all__ = [
     "flops",
     "prune",
     "test_time_density",
+    "load_pruned",
+    "save_pruned",
 ]

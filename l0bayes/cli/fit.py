@@ -1,0 +1,187 @@
+"""``l0bayes fit``: load the data, build the model, train it in the run directory, evaluate, write, print."""
+
+import sys
+import time
+
+from .arguments import PROG
+from .errors import CLIError, is_main_process
+from .rundir import RunDirectory
+
+
+def fit(cfg, resume=False, overwrite=False):
+    """Run ``l0bayes fit`` with resolved settings; returns the exit status.
+
+    :param resume: continue the run in ``cfg["out"]`` from its checkpoint.
+    :param overwrite: replace the outputs of an earlier run in ``cfg["out"]``.
+    """
+    from ..inference.training import resolve_device
+    from .models import build_model, train_targets
+
+    main_process = is_main_process()
+    run = RunDirectory(cfg["out"])
+    if main_process:
+        run.check(resume=resume, overwrite=overwrite)  # before the data loads; again under the lock
+    threads = _set_threads(cfg)
+    try:
+        device = resolve_device(cfg["device"])
+    except (ValueError, RuntimeError) as err:
+        raise CLIError(f"--device {cfg['device']}: {err}") from None
+    data = _load_data(cfg)
+    model = build_model(cfg, data)
+    targets = train_targets(cfg, data)
+    if resume:
+        _check_resumable(run, model)
+    if not main_process:
+        return _train(cfg, run, model, data, targets, resume, main_process)
+    with run.open(resume=resume, overwrite=overwrite):
+        if run.removed:
+            print(f"--overwrite: removed the earlier run's {', '.join(run.removed)} from {run.path}", flush=True)
+        run.write_json("config.json", {k: v for k, v in cfg.items() if not k.startswith("_")})
+        print(
+            f"{data.describe()}; model {cfg['model']}, objective {cfg['objective']}, device {device}"
+            + (f" ({threads} threads)" if device.type == "cpu" else "")
+            + f"; writing to {run.path}",
+            flush=True,
+        )
+        return _train(cfg, run, model, data, targets, resume, main_process)
+
+
+def _set_threads(cfg):
+    """``torch.set_num_threads(--threads)``; without it torch's own count (see :mod:`l0bayes.cli.threads`)."""
+    import torch
+
+    if cfg["threads"]:
+        torch.set_num_threads(cfg["threads"])
+    return torch.get_num_threads()
+
+
+def _load_data(cfg):
+    from ..data import load_dataset
+
+    try:
+        return load_dataset(cfg["data"], data_dir=cfg["data_dir"], val_fraction=cfg["val_fraction"], seed=cfg["seed"])
+    except (ValueError, FileNotFoundError, ModuleNotFoundError, OSError) as err:
+        raise CLIError(f"cannot load data set {cfg['data']}: {err}", code=1) from None
+
+
+def _check_resumable(run, model):
+    """The checkpoint exists, loads safely and holds the parameters of the model the settings build."""
+    from ..inference.checkpoint import load_checkpoint
+
+    path = run.file("checkpoint.pt")
+    try:
+        state = load_checkpoint(path, required=("model", "epoch"))
+    except FileNotFoundError:
+        raise CLIError(
+            f"cannot resume: {path} does not exist (was the run interrupted before its first epoch ended?)", code=1
+        ) from None
+    except ValueError as err:  # CheckpointError: empty, truncated, corrupt, unsafe, foreign
+        raise CLIError(f"cannot resume: {err}", code=1) from None
+    saved, expected = state["model"], model.state_dict()
+    if not isinstance(saved, dict):
+        raise CLIError(f"cannot resume: checkpoint {path!r} holds no model parameters", code=1)
+    mismatch = sorted(set(saved) ^ set(expected)) or [
+        k for k in expected if getattr(saved[k], "shape", None) != expected[k].shape
+    ]
+    if mismatch:
+        raise CLIError(
+            f"cannot resume: checkpoint {path!r} does not hold the model of {run.file('config.json')} "
+            f"(differs in {', '.join(mismatch[:3])}{', ...' if len(mismatch) > 3 else ''})",
+            code=1,
+        )
+
+
+def _train(cfg, run, model, data, targets, resume, main_process):
+    from .. import inference
+
+    y_train, y_test = targets
+    start = time.perf_counter()
+    try:
+        result = inference.train(
+            model,
+            data.x_train,
+            y_train,
+            objective=cfg["objective"],
+            epochs=cfg["epochs"],
+            batch_size=cfg["batch_size"],
+            lr=cfg["lr"],
+            device=cfg["device"],
+            seed=cfg["seed"],
+            test_data=(data.x_test, y_test),
+            target_density=cfg["target_density"],
+            per_layer=bool(cfg["per_layer"]),
+            checkpoint=run.file("checkpoint.pt"),
+            resume=resume,
+            progress=bool(cfg["progress"]) and main_process,
+            input_shape=data.input_shape if cfg["model"] in ("mlp", "lenet5") else None,
+            log_alpha_range=cfg["log_alpha_range"],
+            ema_decay=cfg["ema"],
+        )
+    except KeyboardInterrupt:
+        if main_process:
+            _report_interrupt(run, resume)
+        return 130
+    except inference.NonFiniteLossError as err:
+        raise CLIError(f"training diverged: {err}", code=1) from None
+    except ValueError as err:  # data checks of train(), e.g. labels out of range
+        raise CLIError(str(err), code=1) from None
+    wall = time.perf_counter() - start
+    if not main_process:
+        return 0
+    _finish(cfg, run, data, result, wall)
+    return 0
+
+
+def _report_interrupt(run, resume):
+    """The Ctrl-C message: the checkpoint this run wrote (or resumed from), never an earlier run's."""
+    path = run.file("checkpoint.pt")
+    epoch = run.checkpoint_epoch()
+    if run.checkpoint_written_by_this_run() and epoch is not None:
+        where = f"checkpoint of epoch {epoch} in {path}"
+    elif resume and epoch is not None:
+        where = f"no epoch finished since the resume; the checkpoint of epoch {epoch} in {path} is unchanged"
+    else:
+        where = "no epoch finished, no checkpoint"
+    hint = f"resume with --resume: {PROG} fit --out {run.path} --resume" if epoch is not None else "nothing to resume"
+    print(f"\ninterrupted ({where}); {hint}", file=sys.stderr, flush=True)
+
+
+def _finish(cfg, run, data, result, wall):
+    """Evaluate, write history, pruned model, plots and summary (all atomically), print the table."""
+    import torch
+
+    from ..nn.export import save_pruned
+    from .evaluation import evaluate
+    from .plots import write_plots
+    from .report import format_table, lam_text, objective_details, summary_record, write_history
+
+    history = result.history
+    summary = evaluate(cfg, result.model, data)
+    module, metadata = summary.pop("pruned")
+    summary["history"] = history
+    summary["last"] = history[-1] if history else None
+    extra_rows, extra_summary, warnings = objective_details(cfg, result.model, history)
+    device = next(result.model.parameters()).device
+    dev = f"{device}" + (
+        f" (threads={torch.get_num_threads()})" if device.type == "cpu" else f" ({torch.cuda.get_device_name(device)})"
+    )
+    table = format_table(cfg, data, summary, wall, dev, extra_rows)
+    write_history(history, run)
+    save_pruned(module, run.file("pruned.pt"), metadata)
+    regression = cfg["model"] in ("linear", "logistic")
+    code = "Gaussian slab" if regression and cfg["slab"] == "gaussian" else f"lambda {lam_text(cfg)}"
+    title = f"{cfg['model']} on {cfg['data']}, {cfg['objective']}, {code}"
+    plots = write_plots(
+        history,
+        result.model,
+        run,
+        title,
+        feature_names=metadata.get("feature_names") if regression else None,
+        final_metric=(summary["metric"], summary["test"]) if regression else None,
+    )
+    run.write_json("summary.json", summary_record(summary, wall, dev, extra_summary))
+    print(table, flush=True)
+    for line in warnings:
+        print(f"warning: {line}", flush=True)
+    if plots is None:
+        print("plots skipped: matplotlib is not installed (pip install matplotlib)", flush=True)

@@ -1,0 +1,127 @@
+"""What a run prints and records: the final table, ``summary.json``, ``history.json`` / ``history.csv``."""
+
+import csv
+import io
+
+
+def _flat(value):
+    if isinstance(value, (list, tuple)):
+        return "-".join(_flat(v) for v in value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def history_csv(history):
+    """The per-epoch records as CSV text, one column per key seen in any record."""
+    keys = []
+    for record in history:
+        keys.extend(k for k in record if k not in keys)
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(keys)
+    for record in history:
+        writer.writerow([_flat(record[k]) if k in record else "" for k in keys])
+    return buffer.getvalue()
+
+
+def write_history(history, run):
+    """``history.json`` and ``history.csv`` in the :class:`~l0bayes.cli.rundir.RunDirectory`, atomically."""
+    run.write_json("history.json", history)
+    run.write("history.csv", history_csv(history))
+
+
+def lam_text(cfg):
+    """What the code cost is, in words: the paper's lambda times N, or why there is none."""
+    lam = cfg["lam"]
+    if cfg["model"] in ("linear", "logistic"):
+        if cfg["slab"] == "gaussian":
+            return "none (Gaussian slab: its KL, Eq. 20, instead of a code cost)"
+        if lam is None:
+            return "0.5 log N per feature"
+    if isinstance(lam, dict):
+        return ", ".join(f"{k}: {v:g}/N" for k, v in lam.items())
+    return f"{lam:g}/N"
+
+
+def objective_details(cfg, model, history):
+    """Extra rows and warnings of the objective, as ``(rows, summary entries, warnings)``.
+
+    The single place for the constrained objective's summary (target and test-time density, per layer,
+    multipliers) and its one-line warnings: call the library's summary function here and return its
+    rows; :func:`format_table` prints them and ``summary.json`` records them.
+    """
+    return [], {}, []
+
+
+def _metric_text(result):
+    error = "error" in result["metric"]
+    text = f"{100 * result['test']:.2f}%" if error else f"{result['test']:.4f}"
+    if "val" in result:
+        text += f"  (validation {100 * result['val']:.2f}%)" if error else f"  (validation {result['val']:.4f})"
+    return text
+
+
+def _objective_rows(cfg, last):
+    if not last:
+        return []
+    terms = f"{last['free_energy']:.2f} = nll {last['nll']:.2f}"
+    if cfg["objective"] == "bayes":
+        terms += f" + gate KL {last['gate_kl']:.2f}"
+    if last.get("other_kl"):
+        terms += f" + other KL {last['other_kl']:.2f}"
+    terms += f" + code cost {last['code_cost']:.2f}"
+    name = {"bayes": "free energy (Eq. 21)", "penalized": "objective (Eq. 22)"}.get(
+        cfg["objective"], "objective (nll + code cost)"
+    )
+    return [(f"{name}, nats", terms), ("expected L0 (Eq. 16)", f"{last['expected_l0']:,.1f}")]
+
+
+def _header(cfg, data):
+    text = (
+        f"l0bayes fit: {cfg['model']} on {data.describe()}\n"
+        f"objective {cfg['objective']}, lambda {lam_text(cfg)}, {cfg['epochs']} epochs, "
+        f"batch {cfg['batch_size']}, lr {cfg['lr']:g}, seed {cfg['seed']}"
+    )
+    if cfg.get("init"):
+        text += f", {cfg['init']} init"
+    if cfg.get("log_alpha_range"):
+        low, high = cfg["log_alpha_range"]
+        text += f", log_alpha in [{low:.4g}, {high:.4g}]"
+    if cfg.get("ema") is not None:
+        text += f", parameters averaged (EMA {cfg['ema']:g})"
+    return text
+
+
+def format_table(cfg, data, result, wall, device, extra_rows=()):
+    """The final table as text; ``extra_rows`` from :func:`objective_details` go before the wall time."""
+    rows = [(result["metric"], _metric_text(result))]
+    architecture = f"{result['architecture']}  (dense {result['dense_architecture']})"
+    rows.append(("architecture (Eq. 13 gates open)", architecture))
+    pp, pd = result["params_pruned"], result["params_dense"]
+    rows.append(("active parameters", f"{pp:,} of {pd:,} dense ({pd / max(pp, 1):.2f}x fewer)"))
+    fp, fd = result["flops_pruned"], result["flops_dense"]
+    rows.append(("FLOPs per example", f"{fp:,} of {fd:,} dense ({fd / max(fp, 1):.2f}x fewer)"))
+    rows.append(("expected FLOPs under q(z != 0)", f"{result['expected_flops']:,.0f}"))
+    rows += _objective_rows(cfg, result["last"])
+    rows += list(extra_rows)
+    epochs = len(result["history"])
+    per_epoch = sum(r["wall_s"] for r in result["history"]) / max(epochs, 1)
+    rows.append(("wall time", f"{wall:.1f} s ({epochs} epochs, {per_epoch:.2f} s/epoch)"))
+    rows.append(("device", device))
+    rows.append(("output", cfg["out"]))
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 2 + max(len(v) for _, v in rows))
+    lines = [_header(cfg, data), line, *(f"{k.ljust(width)}  {v}" for k, v in rows), line]
+    if result.get("features"):
+        name_width = max(7, *(len(n) for n, _, _ in result["features"]))
+        lines.append(f"{'feature'.rjust(name_width)}  q(z != 0)  coefficient (Eq. 13, standardised units)")
+        lines += [f"{n.rjust(name_width)}  {pi:9.3f}  {c:+11.3f}" for n, pi, c in result["features"]]
+    return "\n".join(lines)
+
+
+def summary_record(result, wall, device, extra=None):
+    """``summary.json``: the final table's numbers (not the history), wall time, device, epochs."""
+    record = {k: v for k, v in result.items() if k != "history"}
+    record.update(wall_s=wall, device=device, epochs=len(result["history"]), **(extra or {}))
+    return record

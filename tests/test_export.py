@@ -1,0 +1,149 @@
+"""The pruned-model file: a state dict plus a layer list, loaded with ``weights_only=True``, never code."""
+
+import pytest
+import torch
+from torch import nn
+
+from l0bayes.inference.checkpoint import CheckpointError, save_checkpoint
+from l0bayes.nn import L0MLP, MLP, L0LeNet5, LeNet5, l0_layers, prune
+from l0bayes.nn.export import LAYER_TYPES, describe_pruned, load_pruned, save_pruned
+
+
+def _gated(make, seed=0):
+    """A network with closed, fractional and open Eq. 13 gates in every layer (so prune() removes units)."""
+    torch.manual_seed(seed)
+    model = make()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, layer in l0_layers(model):
+            la = torch.randn(layer.num_gates, generator=g, dtype=layer.gate.log_alpha.dtype) * 3.0
+            la[0], la[-1] = -6.0, 0.0
+            layer.gate.log_alpha.copy_(la)
+    return model.eval()
+
+
+NETWORKS = {
+    "mlp": (lambda: L0MLP(64, (32, 16)), (64,)),
+    "lenet5": (lambda: L0LeNet5(input_size=8, padding=2), (1, 8, 8)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("net", list(NETWORKS))
+def test_round_trip_gives_the_gated_models_outputs(tmp_path, net, dtype):
+    make, shape = NETWORKS[net]
+    model = _gated(lambda: make().to(dtype))
+    pruned = prune(model)
+    path = tmp_path / "pruned.pt"
+    save_pruned(pruned, path, {"input_shape": list(shape), "note": "x"})
+    loaded, metadata = load_pruned(path)
+    assert metadata == {"input_shape": list(shape), "note": "x"}
+    assert isinstance(loaded, nn.Sequential) and not loaded.training
+    assert [type(m) for m in loaded] == [type(m) for m in pruned]
+    assert [n for n, _ in loaded.named_children()] == [n for n, _ in pruned.named_children()]
+    x = torch.randn(7, *shape, dtype=dtype)
+    with torch.no_grad():  # the reference is the gated model itself (test-time gates of Eq. 13)
+        torch.testing.assert_close(loaded(x), model(x), atol=1e-12 if dtype == torch.float64 else 1e-5, rtol=1e-5)
+    assert all(p.dtype == dtype for p in loaded.parameters())
+
+
+@pytest.mark.parametrize("make", [lambda: MLP(20, (8, 4), 3), lambda: LeNet5(1, 10, 8, padding=2)])
+def test_dense_networks_round_trip_too(tmp_path, make):
+    net = make().eval()
+    save_pruned(net, tmp_path / "dense.pt")
+    loaded, metadata = load_pruned(tmp_path / "dense.pt")
+    x = torch.randn(5, 20) if isinstance(net, MLP) else torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), net(x), atol=0, rtol=0)
+    assert metadata == {}
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_malicious_pickle_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "pruned.pt"
+    torch.save({"format": "l0bayes.pruned", "layers": [], "state_dict": {}, "x": _Exploit(str(marker))}, path)
+    with pytest.raises(ValueError, match="pruned.pt"):
+        load_pruned(path)
+    assert not marker.exists()
+    torch.save(nn.Sequential(nn.Linear(2, 1)), path)  # the old format: a whole pickled module
+    with pytest.raises(ValueError, match="pruned.pt"):
+        load_pruned(path)
+
+
+def test_layer_types_outside_the_allow_list_are_refused(tmp_path):
+    class Custom(nn.ReLU):  # a subclass may run anything in forward: not taken for a ReLU
+        pass
+
+    with pytest.raises(TypeError, match="'1'.*Custom"):
+        describe_pruned(nn.Sequential(nn.Linear(2, 3), Custom()))
+    with pytest.raises(TypeError, match="nn.Sequential"):
+        save_pruned(nn.Linear(2, 3), tmp_path / "x.pt")
+    assert "os.system" not in LAYER_TYPES
+    good = nn.Sequential(nn.Linear(2, 3))
+    path = tmp_path / "crafted.pt"
+    layers = [{"name": "0", "type": "os.system", "args": {}}]
+    save_checkpoint(path, {"format": "l0bayes.pruned", "version": 1, "layers": layers, "state_dict": {}})
+    with pytest.raises(ValueError, match="crafted.pt.*os.system"):
+        load_pruned(path)
+    layers = describe_pruned(good)
+    state = {"0.weight": torch.zeros(4, 2), "0.bias": torch.zeros(3)}  # wrong shape
+    save_checkpoint(path, {"format": "l0bayes.pruned", "version": 1, "layers": layers, "state_dict": state})
+    with pytest.raises(ValueError, match="does not fit"):
+        load_pruned(path)
+    save_checkpoint(path, {"format": "something else", "layers": [], "state_dict": {}})
+    with pytest.raises(ValueError, match="not an l0bayes pruned model"):
+        load_pruned(path)
+
+
+def test_every_allowed_layer_round_trips(tmp_path):
+    from l0bayes.nn import SelectFeatures
+
+    net = nn.Sequential(
+        nn.Conv2d(2, 4, 3, stride=1, padding=1, dilation=1, bias=False),
+        nn.LeakyReLU(0.2),
+        nn.MaxPool2d(2, ceil_mode=True),
+        nn.Conv2d(4, 3, (3, 1), padding=(1, 0), padding_mode="reflect"),
+        nn.ELU(0.5),
+        nn.AvgPool2d(2, count_include_pad=False),
+        nn.AdaptiveAvgPool2d((2, 2)),
+        nn.AdaptiveMaxPool2d(2),
+        nn.Hardtanh(-0.5, 0.7),
+        nn.Dropout2d(0.3),
+        nn.Flatten(),
+        SelectFeatures(torch.tensor([0, 3, 5, 6, 11]), 12),
+        nn.Linear(5, 6),
+        nn.GELU("tanh"),
+        nn.Softplus(2.0, 10.0),
+        nn.SiLU(),
+        nn.Tanh(),
+        nn.Sigmoid(),
+        nn.ReLU6(),
+        nn.ReLU(),
+        nn.Dropout(0.1),
+        nn.Identity(),
+        nn.Linear(6, 1),
+        nn.Flatten(0),
+    ).eval()
+    assert {type(m) for m in net} == {cls for cls, _ in LAYER_TYPES.values()}
+    save_pruned(net, tmp_path / "all.pt")
+    loaded, _ = load_pruned(tmp_path / "all.pt")
+    assert repr(loaded) == repr(net)
+    x = torch.randn(3, 2, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), net(x), atol=0, rtol=0)
+
+
+def test_missing_and_corrupt_files(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_pruned(tmp_path / "absent.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="empty.pt"):
+        load_pruned(tmp_path / "empty.pt")
