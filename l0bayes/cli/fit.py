@@ -153,14 +153,14 @@ def _finish(cfg, run, data, result, wall):
     from ..nn.export import save_pruned
     from .evaluation import evaluate
     from .plots import write_plots
-    from .report import format_table, lam_text, objective_details, summary_record, write_history
+    from .report import format_table, goal_text, objective_details, summary_record, write_history
 
     history = result.history
     summary = evaluate(cfg, result.model, data)
     module, metadata = summary.pop("pruned")
     summary["history"] = history
     summary["last"] = history[-1] if history else None
-    extra_rows, extra_summary, warnings = objective_details(cfg, result.model, history)
+    extra_rows, extra_summary, warnings = objective_details(cfg, result.model, result.multipliers)
     device = next(result.model.parameters()).device
     dev = f"{device}" + (
         f" (threads={torch.get_num_threads()})" if device.type == "cpu" else f" ({torch.cuda.get_device_name(device)})"
@@ -169,7 +169,7 @@ def _finish(cfg, run, data, result, wall):
     write_history(history, run)
     save_pruned(module, run.file("pruned.pt"), metadata)
     regression = cfg["model"] in ("linear", "logistic")
-    code = "Gaussian slab" if regression and cfg["slab"] == "gaussian" else f"lambda {lam_text(cfg)}"
+    code = "Gaussian slab" if regression and cfg["slab"] == "gaussian" else goal_text(cfg)
     title = f"{cfg['model']} on {cfg['data']}, {cfg['objective']}, {code}"
     plots = write_plots(
         history,

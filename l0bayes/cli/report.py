@@ -44,14 +44,28 @@ def lam_text(cfg):
     return f"{lam:g}/N"
 
 
-def objective_details(cfg, model, history):
+def goal_text(cfg):
+    """What the run was asked for: the target density of a constrained run, else the code cost."""
+    if cfg["objective"] == "constrained":
+        return f"target density {cfg['target_density']:g}" + (" per layer" if cfg["per_layer"] else "")
+    return f"lambda {lam_text(cfg)}"
+
+
+def objective_details(cfg, model, multipliers=None):
     """Extra rows and warnings of the objective, as ``(rows, summary entries, warnings)``.
 
-    The single place for the constrained objective's summary (target and test-time density, per layer,
-    multipliers) and its one-line warnings: call the library's summary function here and return its
-    rows; :func:`format_table` prints them and ``summary.json`` records them.
+    The single place for the constrained objective's summary: target and test-time density, per layer, and
+    the multipliers (:func:`~l0bayes.inference.constrained_summary`), with its one-line warnings (a target
+    missed by more than 0.02, a layer left empty). :func:`format_table` prints the rows and ``summary.json``
+    records the entries.
     """
-    return [], {}, []
+    if cfg["objective"] != "constrained":
+        return [], {}, []
+    from ..inference.objectives import constrained_rows, constrained_summary
+
+    net = getattr(model, "net", model)
+    summary = constrained_summary(net, cfg["target_density"], bool(cfg["per_layer"]), multipliers)
+    return constrained_rows(summary), summary, summary["warnings"]
 
 
 def _metric_text(result):
@@ -74,13 +88,15 @@ def _objective_rows(cfg, last):
     name = {"bayes": "free energy (Eq. 21)", "penalized": "objective (Eq. 22)"}.get(
         cfg["objective"], "objective (nll + code cost)"
     )
+    if cfg["objective"] == "constrained":  # the code cost is not part of this objective
+        name, terms = "data term (minimised subject to the target)", f"nll {last['nll']:.2f}"
     return [(f"{name}, nats", terms), ("expected L0 (Eq. 16)", f"{last['expected_l0']:,.1f}")]
 
 
 def _header(cfg, data):
     text = (
         f"l0bayes fit: {cfg['model']} on {data.describe()}\n"
-        f"objective {cfg['objective']}, lambda {lam_text(cfg)}, {cfg['epochs']} epochs, "
+        f"objective {cfg['objective']}, {goal_text(cfg)}, {cfg['epochs']} epochs, "
         f"batch {cfg['batch_size']}, lr {cfg['lr']:g}, seed {cfg['seed']}"
     )
     if cfg.get("init"):
