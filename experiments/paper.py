@@ -119,7 +119,7 @@ def run_dense(name, args, out):
 
     from l0bayes.data import load_dataset
     from l0bayes.inference import ParameterAverage
-    from l0bayes.inference.training import resolve_device
+    from l0bayes.inference.device import resolve_device
     from l0bayes.nn import MLP, LeNet5, count_parameters, flops
     from l0bayes.nn.export import save_pruned
 

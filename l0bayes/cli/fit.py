@@ -14,7 +14,7 @@ def fit(cfg, resume=False, overwrite=False):
     :param resume: continue the run in ``cfg["out"]`` from its checkpoint.
     :param overwrite: replace the outputs of an earlier run in ``cfg["out"]``.
     """
-    from ..inference.training import resolve_device
+    from ..inference.device import resolve_device
     from .models import build_model, train_targets
 
     main_process = is_main_process()
