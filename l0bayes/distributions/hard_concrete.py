@@ -5,7 +5,13 @@ from pyro.distributions import constraints
 
 from ._stable import log_logistic_density, log_sigmoid, sigmoid_difference, softplus
 from .quadrature import gauss_legendre, map_chunks, num_nodes_for
-from .stretched_concrete import ConcreteParameters, StretchedConcrete, _check_probability, stretch_logit_bounds
+from .stretched_concrete import (
+    ConcreteParameters,
+    StretchedConcrete,
+    _check_probability,
+    check_not_nan,
+    stretch_logit_bounds,
+)
 
 
 class HardConcrete(ConcreteParameters):
@@ -100,12 +106,18 @@ class HardConcrete(ConcreteParameters):
         return torch.where(value == 1, log_p1, out)
 
     def cdf(self, value):
-        r"""CDF of Eq. 26: 0 below 0, :math:`\bar Q(z)` on ``[0, 1)`` (so :math:`\bar Q(0)` at 0), 1 from 1 on."""
+        r"""CDF of Eq. 26: 0 below 0, :math:`\bar Q(z)` on ``[0, 1)`` (so :math:`\bar Q(0)` at 0), 1 from 1 on.
+
+        NaN gives NaN, or a :class:`ValueError` when ``validate_args`` is on.
+        """
+        if self._validate_args:
+            check_not_nan(value)
         value = torch.as_tensor(value, dtype=self.log_alpha.dtype, device=self.log_alpha.device)
         inside = (value >= 0) & (value < 1)
         safe = torch.where(inside, value, torch.full_like(value, 0.5))
         inner = self.base.cdf(safe)
-        return torch.where(inside, inner, (value >= 1).to(inner.dtype))
+        out = torch.where(inside, inner, (value >= 1).to(inner.dtype))
+        return torch.where(torch.isnan(value), value, out)
 
     def icdf(self, value):
         r"""Generalised inverse :math:`\inf\{z : F(z) \ge p\}` of :meth:`cdf`.
