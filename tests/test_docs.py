@@ -6,11 +6,18 @@ missing from the nav, a docstring mkdocstrings cannot parse) into a failure. Ski
 installs it.
 """
 
+import functools
 import html
+import http.server
 import importlib.util
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -40,6 +47,9 @@ def site(tmp_path_factory):
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "pymdownx"):
         pytest.importorskip(module)
     out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    if shutil.which("npm") is None:  # MathJax comes from npm at build time; without it the pages show TeX source
+        env["L0BAYES_DOCS_WITHOUT_MATHJAX"] = "1"
     # No --quiet: it lowers the log level below WARNING, and mkdocs-autorefs then skips its
     # warnings about unresolved cross-references, so --strict would not see them.
     proc = subprocess.run(
@@ -48,10 +58,82 @@ def site(tmp_path_factory):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+        env=env,
     )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     return out
+
+
+def test_site_loads_nothing_from_another_host(site):
+    """No page's ``<script src>`` or ``<link href>`` points at another host (MathJax, fonts: all local)."""
+    tags = re.compile(r"<(?:script|link)\b[^>]*?\b(?:src|href)=[\"']([^\"']+)", re.IGNORECASE)
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 10
+    for page in pages:
+        for url in tags.findall(page.read_text(encoding="utf-8")):
+            parsed = urllib.parse.urlparse(url)
+            assert parsed.scheme not in ("http", "https") and not url.startswith("//"), (page, url)
+    if shutil.which("npm") is not None:  # then the build must have shipped MathJax
+        assert (site / "javascripts" / "mathjax" / "tex-chtml.js").is_file()
+    assert "javascripts/mathjax/tex-chtml.js" in (site / "mathematics" / "index.html").read_text(encoding="utf-8")
+
+
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    # Every request to another host goes to a closed local port and fails: the page must render offline.
+    # (Loopback bypasses the proxy, so the local server below is reached directly.)
+    "--proxy-server=127.0.0.1:9",
+    "--virtual-time-budget=20000",  # let MathJax typeset before the DOM is dumped
+)
+
+
+def _serve(directory):
+    """A local HTTP server for ``directory`` on a free loopback port (a daemon thread)."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_mathematics_page_renders_offline_in_chromium(site):
+    """Headless Chromium typesets the formulas of the mathematics page with the MathJax shipped in the site."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
+    if not (site / "javascripts" / "mathjax" / "tex-chtml.js").is_file():
+        pytest.skip("the site was built without MathJax (npm is not installed)")
+    source = (site / "mathematics" / "index.html").read_text(encoding="utf-8")
+    formulas = source.count('class="arithmatex"')
+    server = _serve(site)
+    try:
+        with tempfile.TemporaryDirectory() as profile:
+            url = f"http://127.0.0.1:{server.server_address[1]}/mathematics/"
+            proc = subprocess.run(
+                [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+    dom = proc.stdout
+    assert proc.returncode == 0 and "</html>" in dom, proc.stderr[-2000:]
+    rendered = dom.count("<mjx-container")
+    assert formulas > 20 and rendered >= formulas, (formulas, rendered)
+    assert "<mjx-merror" not in dom  # no TeX MathJax could not parse
+    text = html.unescape(re.sub(r"<(script|style)\b.*?</\1>|<[^>]+>", "", dom, flags=re.DOTALL))
+    assert "\\(" not in text and "\\[" not in text  # no formula left as TeX source
 
 
 def _text(path):
