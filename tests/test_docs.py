@@ -212,27 +212,60 @@ def test_cli_page_covers_every_option():
 
 
 def _python_blocks(page):
-    """The ```` ```python ```` blocks of a page (fragments that do not run alone are fenced ```` ```py ````)."""
+    """The ```` ```python ```` blocks of a page."""
     return re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.DOTALL | re.MULTILINE)
 
 
-# distributed.md's script is meant for torchrun on Fashion-MNIST; its own tests cover that path.
-PAGES_WITH_CODE = sorted(
-    p.relative_to(DOCS).as_posix()
-    for p in DOCS.rglob("*.md")
-    if "_ext" not in p.parts and p.name != "distributed.md" and _python_blocks(p)
-)
+def _pages():
+    """README.md and every documentation page, as paths relative to the repository root."""
+    pages = [ROOT / "README.md", *sorted(p for p in DOCS.rglob("*.md") if "_ext" not in p.parts)]
+    return [p.relative_to(ROOT).as_posix() for p in pages]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", PAGES_WITH_CODE)
-def test_code_on_the_page_runs(name, tmp_path):
-    """The ``python`` blocks of each page, run in order as one script, finish without error."""
+# distributed.md's script is meant for torchrun on Fashion-MNIST (200 epochs); tests/test_distributed.py
+# runs that path, and test_every_python_block_compiles checks its syntax here.
+NOT_RUN = {"docs/distributed.md"}
+# Pages whose blocks take more than a few seconds of CPU: run with `pytest -m slow`.
+SLOW = {"docs/getting-started.md", "docs/guide/networks.md"}
+PAGES_WITH_CODE = [name for name in _pages() if name not in NOT_RUN and _python_blocks(ROOT / name)]
+
+
+def test_every_python_block_compiles():
+    """No page shows Python that does not parse, and no page hides code in ``py`` fences the suite skips."""
+    for name in _pages():
+        page = ROOT / name
+        assert not re.search(r"^```(py|python3|pycon)\s*$", page.read_text(encoding="utf-8"), re.MULTILINE), name
+        for block in _python_blocks(page):
+            compile(block, name, "exec")
+    assert "README.md" in PAGES_WITH_CODE
+
+
+def test_no_page_or_docstring_cites_the_working_note():
+    """The product's mathematics page is docs/mathematics.md; the project's MATH.md is not shipped."""
+    files = [ROOT / name for name in _pages()] + sorted((ROOT / "l0bayes").rglob("*.py"))
+    offenders = [f.relative_to(ROOT).as_posix() for f in files if "MATH.md" in f.read_text(encoding="utf-8")]
+    assert offenders == []
+
+
+def _run_page(name, tmp_path):
     pytest.importorskip("sklearn")
     script = tmp_path / "page.py"
-    script.write_text("\n\n".join(_python_blocks(DOCS / name)), encoding="utf-8")
-    env = {**__import__("os").environ, "MPLBACKEND": "Agg"}
+    script.write_text("\n\n".join(_python_blocks(ROOT / name)), encoding="utf-8")
+    env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env
     )
     assert proc.returncode == 0, f"{name}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("name", [n for n in PAGES_WITH_CODE if n not in SLOW])
+def test_code_on_the_page_runs(name, tmp_path):
+    """The ``python`` blocks of each page, run in order as one script, finish without error."""
+    _run_page(name, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in PAGES_WITH_CODE if n in SLOW])
+def test_code_on_the_slow_page_runs(name, tmp_path):
+    """As above, for the pages with longer examples."""
+    _run_page(name, tmp_path)

@@ -29,8 +29,8 @@ class HardConcrete(ConcreteParameters):
 
     Moments and entropy are exact up to Gauss-Legendre quadrature of the continuous part in
     the logit variable :math:`v = \mathrm{logit}((z - \gamma)/(\zeta - \gamma))`, which lives on
-    the fixed interval :math:`(\log(-\gamma/\zeta), \log((1 - \gamma)/(\zeta - 1)))` (``MATH.md``
-    section 2); they are deterministic and differentiable.
+    the fixed interval :math:`(\log(-\gamma/\zeta), \log((1 - \gamma)/(\zeta - 1)))` (docs/mathematics.md,
+    "Deterministic quadrature"); they are deterministic and differentiable.
 
     :param log_alpha: location :math:`\log\alpha`; any real tensor or float.
     :param temperature: :math:`\beta > 0` (the paper uses 2/3).
@@ -147,7 +147,7 @@ class HardConcrete(ConcreteParameters):
         (the paper's ``(gamma, zeta)`` would give the untruncated :math:`\bar s`). The inversion is
         done on the logistic scale, measured from the end of ``(L0, L1)`` nearer to zero so
         that no probability rounds to 0 or 1 and nothing cancels, in float32 too
-        (``MATH.md`` section 3).
+        (docs/mathematics.md, "Monte Carlo with the corrected interval").
         """
         shape = self._extended_shape(sample_shape)
         dtype, device = self.log_alpha.dtype, self.log_alpha.device

@@ -104,7 +104,7 @@ class StretchedConcrete(ConcreteParameters):
         - \log(\zeta - x) + \log(\zeta - \gamma),
 
     with :math:`f` the standard logistic density, a form that cannot overflow for small
-    temperatures (``MATH.md`` section 1). Rectifying it with a hard sigmoid gives
+    temperatures (docs/mathematics.md, "The stretched variable"). Rectifying it with a hard sigmoid gives
     :class:`~l0bayes.distributions.HardConcrete`.
 
     :param log_alpha: location :math:`\log\alpha` (any real tensor or float).

@@ -32,7 +32,7 @@ class SparseClassifier(nn.Module):
     * :meth:`penalized_loss`: the same objective without the KL (Eq. 22 = N times Eq. 9), likewise fused.
 
     :param net: the gated network (e.g. :class:`~l0bayes.nn.L0MLP`).
-    :param lam: code cost in nats per active parameter (``MATH.md`` section 4: the paper's
+    :param lam: code cost in nats per active parameter (docs/mathematics.md, "The variational free energy": the paper's
         :math:`\lambda = 0.1/N` is ``lam = 0.1``), a float or ``{layer name: lam}`` for per-layer
         lambdas (e.g. ``{"fc1": 0.1, "fc2": 0.05}``; layers not named pay nothing).
     :param float weight_decay: coefficient of the expected L2 penalty (Eq. 15/17), in nats:
