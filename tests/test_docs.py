@@ -257,10 +257,11 @@ def _pages():
 # distributed.md's script is meant for torchrun on Fashion-MNIST (200 epochs); tests/test_distributed.py
 # runs that path, and test_every_python_block_compiles checks its syntax here.
 NOT_RUN = {"docs/distributed.md"}
-# Pages whose blocks run in the default suite (each about 8-15 s of CPU on the machine of
-# benchmarks/RESULTS.md); every other page runs with `pytest -m slow` (hard-concrete.md: 24 s,
-# networks.md: 13 s). A new page is slow until it is listed here.
-FAST = {"README.md", "docs/getting-started.md", "docs/guide/regression.md", "docs/guide/training.md"}
+# Pages whose blocks run in the default suite (about 8-10 s of CPU each on the machine of
+# benchmarks/RESULTS.md); every other page runs with `pytest -m slow` (CPU seconds there:
+# hard-concrete.md 24, regression.md 15, networks.md 13, getting-started.md 11). A new page is
+# slow until it is listed here.
+FAST = {"README.md", "docs/guide/training.md"}
 PAGES_WITH_CODE = [name for name in _pages() if name not in NOT_RUN and _python_blocks(ROOT / name)]
 
 
