@@ -8,6 +8,7 @@ sampling) for the enumeration.
 
 import io
 import math
+import warnings
 
 import matplotlib
 import numpy as np
@@ -111,9 +112,10 @@ def test_import_is_lazy():
 
 
 def test_regression_inference_data_layout_and_values(regression):
-    idata = to_inference_data(regression, num_draws=3000, num_chains=2, feature_names=NAMES, weights=True)
+    idata = to_inference_data(regression, num_draws=6000, feature_names=NAMES, weights=True)
     z = idata.posterior["z"]
-    assert z.dims == ("chain", "draw", "feature") and z.shape == (2, 3000, 5)
+    # independent draws, not a Markov chain: one chain, so no chain diagnostics are implied
+    assert z.dims == ("chain", "draw", "feature") and z.shape == (1, 6000, 5)
     assert list(z["feature"].values) == NAMES
     la = regression.gate.log_alpha.detach().double().numpy()
     gates = idata.gates
@@ -172,6 +174,14 @@ def test_inference_data_bad_input(regression):
         to_inference_data(regression, num_draws=5, coords={"fc9": range(5)})
     with pytest.raises(ValueError, match="num_draws"):
         to_inference_data(regression, num_draws=0)
+    for bad in (2.5, float("nan"), float("inf"), -3):  # 2.5 used to become 2 without a word
+        with pytest.raises(ValueError, match="num_draws must be a whole number"):
+            to_inference_data(regression, num_draws=bad)
+    with pytest.raises(TypeError, match="num_draws"):
+        to_inference_data(regression, num_draws="10")
+    with pytest.raises(ValueError, match="seed"):
+        to_inference_data(regression, num_draws=5, seed=1.5)
+    assert to_inference_data(regression, num_draws=3.0).posterior["z"].shape == (1, 3, 5)
     with pytest.raises(ValueError, match="no HardConcreteGate"):
         to_inference_data(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError):
@@ -180,7 +190,7 @@ def test_inference_data_bad_input(regression):
 
 def test_logistic_regression_and_point_slab():
     model = SparseLogisticRegression(3)
-    idata = to_inference_data(model, num_draws=20, num_chains=1, weights=True)
+    idata = to_inference_data(model, num_draws=20, weights=True)
     assert idata.posterior["z"].shape == (1, 20, 3)
     np.testing.assert_allclose(
         idata.posterior["theta"].values, model.weight.detach().double().numpy() * idata.posterior["z"].values
@@ -189,13 +199,13 @@ def test_logistic_regression_and_point_slab():
 
 def test_network_inference_data(classifier):
     net = classifier.net
-    idata = to_inference_data(classifier, num_draws=40, num_chains=2, weights=True)
+    idata = to_inference_data(classifier, num_draws=80, weights=True)
     post = idata.posterior
     assert [gl.name for gl in gate_layers(classifier)] == ["fc1", "fc2"]
-    assert post["z_fc1"].dims == ("chain", "draw", "fc1_gate") and post["z_fc1"].shape == (2, 40, 64)
-    assert post["z_fc2"].shape == (2, 40, 12)
+    assert post["z_fc1"].dims == ("chain", "draw", "fc1_gate") and post["z_fc1"].shape == (1, 80, 64)
+    assert post["z_fc2"].shape == (1, 80, 12)
     assert list(post["fc1_gate"].values) == list(range(64))
-    assert post["w_fc1"].dims == ("chain", "draw", "fc1_out", "fc1_gate") and post["w_fc1"].shape == (2, 40, 12, 64)
+    assert post["w_fc1"].dims == ("chain", "draw", "fc1_out", "fc1_gate") and post["w_fc1"].shape == (1, 80, 12, 64)
     z, w = post["z_fc1"].values, post["w_fc1"].values
     np.testing.assert_allclose(w, net.fc1.weight.detach().double().numpy()[None, None] * z[:, :, None, :])
     la2 = net.fc2.gate.log_alpha.detach().double().numpy()
@@ -207,7 +217,7 @@ def test_network_inference_data(classifier):
 
 def test_conv_network_weights():
     net = L0LeNet5(input_size=8, conv_channels=(3, 4), fc_hidden=6, kernel_size=3, padding=1)
-    idata = to_inference_data(net, num_draws=4, num_chains=1, weights=True, coords={"conv1": ["a", "b", "c"]})
+    idata = to_inference_data(net, num_draws=4, weights=True, coords={"conv1": ["a", "b", "c"]})
     post = idata.posterior
     assert post["z_conv1"].dims == ("chain", "draw", "conv1_gate")
     assert list(post["conv1_gate"].values) == ["a", "b", "c"]
@@ -238,6 +248,11 @@ def test_inclusion_summary(regression):
     # the 90% HDI of a gate that is 0 with probability > 0.9 is the atom {0}; of one that is 1, {1}
     assert hi.iloc[0] == 0 and lo.iloc[-1] == 1
     assert list(table["included"]) == list(_prob_nonzero(la) > 0.5)
+    # independent draws: no chain diagnostics, and ArviZ raises no one-chain warning either
+    assert not {"r_hat", "ess_bulk", "ess_tail", "mcse_mean"} & set(table.columns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        inclusion_summary(idata)
 
 
 def test_layer_summary_and_median_model(classifier):
@@ -389,6 +404,64 @@ def test_exact_bad_input_and_noise_default():
     beta = np.linalg.lstsq(x, y, rcond=None)[0]
     rss = np.sum((y - x @ beta) ** 2)
     assert math.isclose(ols_noise_scale(x, y), math.sqrt(rss / (x.shape[0] - x.shape[1])), rel_tol=1e-12)
+
+
+def _log_marginal_mpmath(x, y, subset, tau, sigma):
+    """``log N(y; 0, sigma^2 I + tau^2 X_S X_S^T)`` in 60-digit arithmetic: n-dimensional, no Woodbury, no QR."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        xs = x[:, np.asarray(subset, dtype=bool)]
+        n = len(y)
+        cov = mpmath.matrix(n, n)
+        for i in range(n):
+            for j in range(n):
+                dot = mpmath.fsum(mpmath.mpf(float(a)) * mpmath.mpf(float(b)) for a, b in zip(xs[i], xs[j]))
+                cov[i, j] = mpmath.mpf(tau) ** 2 * dot + (mpmath.mpf(sigma) ** 2 if i == j else 0)
+        yv = mpmath.matrix([mpmath.mpf(float(v)) for v in y])
+        quad = (yv.T * mpmath.lu_solve(cov, yv))[0]
+        return float(-0.5 * n * mpmath.log(2 * mpmath.pi) - 0.5 * mpmath.log(mpmath.det(cov)) - 0.5 * quad)
+
+
+def test_exact_inclusion_with_tiny_residual_noise_against_high_precision():
+    """A null feature used to get 0.5 when the residual noise is tiny: the quadratic form cancelled."""
+    rng = np.random.default_rng(0)
+    n = 16
+    x = rng.normal(size=(n, 3))
+    x -= x.mean(0)
+    y = 2.0 * x[:, 0] + 1e-12 * rng.normal(size=n)
+    y -= y.mean()
+    sigma = ols_noise_scale(x, y)
+    assert sigma < 1e-10
+    exact = exact_inclusion_probabilities(x, y)  # noise_scale estimated: the case that cancelled
+    ref_log_ml = np.array([_log_marginal_mpmath(x, y, m, 1.0, sigma) for m in exact.models])
+    # Models without feature 0 sit near -1e25, the others near +100: float64 inputs with a residual
+    # 1e-12 of |y| leave about 1e-3 nats of conditioning error in the latter (the old code was off by ~1e9).
+    np.testing.assert_allclose(exact.log_marginal, ref_log_ml, rtol=1e-9, atol=0.05)
+    log_post = ref_log_ml - ref_log_ml.max()
+    ref_inclusion = (np.exp(log_post)[:, None] * exact.models).sum(0) / np.exp(log_post).sum()
+    np.testing.assert_allclose(exact.inclusion, ref_inclusion, rtol=0.1)
+    assert exact.inclusion[0] == pytest.approx(1.0) and np.all(exact.inclusion[1:] < 1e-6)
+    # the same problem with moderate noise still agrees with the dense reference
+    exact = exact_inclusion_probabilities(x, y, noise_scale=0.3)
+    np.testing.assert_allclose(exact.inclusion, ref.inclusion_dense(x, y, 0.5, 1.0, 0.3), rtol=1e-9)
+
+
+def test_exact_argument_table():
+    x, y = _tiny_problem()
+    for kwargs, name in (
+        ({"slab_scale": float("inf")}, "slab_scale"),  # used to give NaN
+        ({"slab_scale": float("nan")}, "slab_scale"),
+        ({"noise_scale": float("inf")}, "noise_scale"),
+        ({"noise_scale": -1.0}, "noise_scale"),
+        ({"prior_inclusion": float("nan")}, "prior_inclusion"),
+    ):
+        with pytest.raises(ValueError, match=f"exact_inclusion_probabilities: {name} must be"):
+            exact_inclusion_probabilities(x, y, **kwargs)
+    with pytest.raises(TypeError, match="slab_scale"):
+        exact_inclusion_probabilities(x, y, slab_scale="1")
+    with pytest.raises(ValueError, match="finite"):
+        exact_inclusion_probabilities(x, np.full_like(y, np.nan))
 
 
 def test_variational_inclusion_agrees_with_exact_on_diabetes(one_thread):

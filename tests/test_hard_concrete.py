@@ -533,12 +533,45 @@ def test_dtype_is_preserved(dtype):
         (dict(lower=0.2), "lower"),
         (dict(upper=1.0), "upper"),
         (dict(upper=0.5), "upper"),
+        # infinite values used to pass validation, then gave NaN or a ZeroDivisionError in the quadrature
+        (dict(temperature=math.inf), "temperature"),
+        (dict(temperature=math.nan), "temperature"),
+        (dict(lower=-math.inf), "lower"),
+        (dict(upper=math.inf), "upper"),
+        (dict(log_alpha=torch.tensor([0.0, math.nan])), "log_alpha"),
     ],
 )
-def test_validate_args_parameters(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        HardConcrete(torch.zeros(2), validate_args=True, **kwargs)
-    HardConcrete(torch.zeros(2), validate_args=False, **kwargs)  # not checked when disabled
+@pytest.mark.parametrize("cls", [HardConcrete, StretchedConcrete])
+def test_validate_args_parameters(kwargs, name, cls):
+    kwargs = {"log_alpha": torch.zeros(2), **kwargs}
+    with pytest.raises(ValueError, match=f"parameter {name} "):
+        cls(validate_args=True, **kwargs)
+    cls(validate_args=False, **kwargs)  # not checked when disabled, the torch.distributions way
+
+
+@pytest.mark.parametrize("cls", [HardConcrete, StretchedConcrete])
+def test_integer_parameters_are_a_type_error_naming_them(cls):
+    # an integer log_alpha used to turn the float defaults into integers and blame temperature
+    with pytest.raises(TypeError, match="log_alpha must be a floating-point"):
+        cls(torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match="temperature must be a floating-point"):
+        cls(torch.zeros(2), temperature=torch.tensor(1))
+    assert cls(torch.zeros(2), temperature=1, lower=-1, upper=2).temperature.dtype == torch.float32
+
+
+@pytest.mark.parametrize("cls", [HardConcrete, StretchedConcrete])
+def test_cdf_icdf_nan(cls):
+    nan = torch.tensor([math.nan, 0.5])
+    checked = cls(torch.zeros(2), validate_args=True)
+    with pytest.raises(ValueError, match="cdf: value must not be NaN"):
+        checked.cdf(nan)
+    with pytest.raises(ValueError, match="icdf: value must be a probability"):
+        checked.icdf(nan)
+    unchecked = cls(torch.zeros(2), validate_args=False)
+    assert torch.isnan(unchecked.cdf(nan)[0]) and not torch.isnan(unchecked.cdf(nan)[1])  # cdf(nan) was 0
+    assert torch.isnan(unchecked.icdf(nan)[0])
+    # cdf is defined on the whole line: values outside the support are fine, checked or not
+    assert checked.cdf(torch.tensor([-5.0, 5.0])).tolist() == [0.0, 1.0]
 
 
 @pytest.mark.parametrize("value", [-0.5, -1e-3, 1.001, 1.5])

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._checks import POSITIVE, PROBABILITY, check_args
+
 MAX_FEATURES = 20
+
+# The table of argument checks of exact_inclusion_probabilities. An infinite slab makes every
+# Bayes factor of an included feature 0 (Lindley's paradox), so slab_scale must be finite.
+ARG_CHECKS = {"prior_inclusion": PROBABILITY, "slab_scale": POSITIVE, "noise_scale": POSITIVE.or_none()}
 
 
 @dataclass
@@ -59,19 +65,30 @@ class ExactSpikeSlab:
 
 
 def log_marginal_likelihood(x, y, subset, slab_scale, noise_scale):
-    r""":math:`\log p(y \mid \gamma)` of the conjugate model for the features in ``subset`` (a boolean mask)."""
+    r""":math:`\log p(y \mid \gamma)` of the conjugate model for the features in ``subset`` (a boolean mask).
+
+    With :math:`A = [(\tau/\sigma) X_\gamma;\ I]` (so :math:`A^\top A = M`) and :math:`c` the
+    least-squares solution of :math:`A c \approx [y; 0]`, the quadratic form is the residual
+    :math:`y^\top y - \frac{\tau^2}{\sigma^2} y^\top X_\gamma M^{-1} X_\gamma^\top y =
+    \lVert y - (\tau/\sigma) X_\gamma c\rVert^2 + \lVert c\rVert^2`, a sum of non-negative terms
+    computed from the residual itself: nothing cancels when :math:`\sigma` is tiny (the
+    difference of the two large terms would). :math:`\log\det M = 2\sum_i \log|R_{ii}|` from the QR
+    factor of :math:`A`.
+    """
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     n = y.shape[0]
-    s2, t2 = float(noise_scale) ** 2, float(slab_scale) ** 2
-    out = -0.5 * n * math.log(2 * math.pi * s2) - 0.5 * float(y @ y) / s2
+    sigma, tau = float(noise_scale), float(slab_scale)
     xs = x[:, np.asarray(subset, dtype=bool)]
-    if xs.shape[1] == 0:
-        return out
-    m = np.eye(xs.shape[1]) + (t2 / s2) * (xs.T @ xs)
-    chol = np.linalg.cholesky(m)
-    xty = xs.T @ y
-    w = np.linalg.solve(chol, xty)  # L^{-1} X'y, so X'y M^{-1} X'y = |w|^2
-    return out - np.log(np.diag(chol)).sum() + 0.5 * (t2 / s2) * float(w @ w) / s2
+    k = xs.shape[1]
+    if k == 0:
+        return -0.5 * n * math.log(2 * math.pi) - n * math.log(sigma) - 0.5 * float(y @ y) / sigma**2
+    scaled = (tau / sigma) * xs
+    q, r = np.linalg.qr(np.vstack([scaled, np.eye(k)]))
+    c = np.linalg.solve(r, q.T @ np.concatenate([y, np.zeros(k)]))
+    resid = y - scaled @ c
+    quadratic = float(resid @ resid) + float(c @ c)
+    log_det = 2.0 * np.log(np.abs(np.diag(r))).sum()
+    return -0.5 * n * math.log(2 * math.pi) - n * math.log(sigma) - 0.5 * log_det - 0.5 * quadratic / sigma**2
 
 
 def exact_inclusion_probabilities(x, y, prior_inclusion=0.5, slab_scale=1.0, noise_scale=None):
@@ -91,14 +108,14 @@ def exact_inclusion_probabilities(x, y, prior_inclusion=0.5, slab_scale=1.0, noi
     n, p = x.shape
     if p > MAX_FEATURES:
         raise ValueError(f"enumeration of 2^{p} models is too large; at most {MAX_FEATURES} features")
-    if not 0.0 < prior_inclusion < 1.0:
-        raise ValueError(f"prior_inclusion must lie in (0, 1), got {prior_inclusion}")
-    if not slab_scale > 0:
-        raise ValueError(f"slab_scale must be positive, got {slab_scale}")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("exact_inclusion_probabilities: x and y must be finite")
+    owner = "exact_inclusion_probabilities"
+    check_args(owner, ARG_CHECKS, prior_inclusion=prior_inclusion, slab_scale=slab_scale, noise_scale=noise_scale)
     if noise_scale is None:
         noise_scale = ols_noise_scale(x, y)
-    if not noise_scale > 0:
-        raise ValueError(f"noise_scale must be positive, got {noise_scale}")
+        if not noise_scale > 0:
+            raise ValueError(f"{owner}: y is fitted exactly (residual 0); pass noise_scale explicitly")
     models = np.array(list(itertools.product([False, True], repeat=p)), dtype=bool).reshape(-1, p)
     log_ml = np.array([log_marginal_likelihood(x, y, m, slab_scale, noise_scale) for m in models])
     size = models.sum(1)

@@ -2,14 +2,17 @@ r"""Posterior gate draws of a trained guide as an :class:`arviz.InferenceData`.
 
 The guides of :mod:`l0bayes.models` are mean field: every gate :math:`z_g` has its own hard
 concrete :math:`q(z_g)` with a learned :math:`\log\alpha_g` (Eq. 10-11). Draws are exact and
-independent, so the ``chain`` dimension only splits i.i.d. draws into blocks (that keeps ArviZ's
-diagnostics meaningful: ``r_hat`` is 1 up to Monte Carlo error).
+independent, not the output of a Markov chain: they are stored as a single ``chain`` so that
+nothing implies chain diagnostics. ``r_hat`` and ``ess`` do not apply (ArviZ reports them as
+NaN for one chain); summarise with ``arviz.summary(idata, kind="stats")`` as
+:func:`~l0bayes.analysis.inclusion_summary` does, and use the exact quantities of the ``gates``
+group or the binomial error of a Monte Carlo fraction.
 
 Layout of the returned object (see :func:`to_inference_data`):
 
 * ``posterior``: one variable per gated layer, named :func:`gate_var` (``"z"`` for the regression
   models, ``"z_<layer>"`` for a network, e.g. ``"z_fc1"``), with dimensions
-  ``("chain", "draw", <gate dim>)``. The gate dim is ``"feature"`` for a regression and
+  ``("chain", "draw", <gate dim>)`` and one chain. The gate dim is ``"feature"`` for a regression and
   ``"<layer>_gate"`` for a network layer (``"fc1_gate"``: the input neurons of ``fc1``, i.e. pixel
   indices for an MLP on images; ``"conv1_gate"``: output maps). Coordinates are feature names
   where given. With ``weights=True`` also the gated coefficients :math:`\tilde\theta \odot z`:
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .._checks import COUNT, SEED, check_args, whole
 from ..distributions import HardConcrete
 from ..nn.gates import HardConcreteGate, gates_of
 
@@ -130,31 +134,32 @@ def _weight_draws(gl, z):
     raise TypeError(f"weights=True supports L0Linear and L0Conv2d layers; {gl.name!r} is {type(layer).__name__}")
 
 
+# The table of argument checks of to_inference_data.
+ARG_CHECKS = {"num_draws": COUNT, "seed": SEED}
+
+
 @torch.no_grad()
-def to_inference_data(model, num_draws=1000, num_chains=2, feature_names=None, coords=None, weights=False, seed=0):
+def to_inference_data(model, num_draws=1000, feature_names=None, coords=None, weights=False, seed=0):
     r"""Draw gates (and optionally weights) from the trained guide into an :class:`arviz.InferenceData`.
 
     :param model: a trained model (see :func:`gate_layers`).
-    :param int num_draws: draws per chain.
-    :param int num_chains: the i.i.d. draws are split into this many chains.
+    :param int num_draws: number of independent draws, stored as one chain (module docstring).
     :param feature_names: labels of the first gated layer's gates (e.g. the diabetes feature
         names for a regression); shorthand for ``coords={first layer: feature_names}``.
     :param dict coords: ``{layer name or gate dim: labels}`` for any layer; default ``0 .. G-1``
         (for an MLP input layer: the pixel index, row-major).
     :param bool weights: also draw the gated coefficients :math:`\tilde\theta \odot z` (memory:
-        ``num_chains * num_draws`` times the layer's weight count).
+        ``num_draws`` times the layer's weight count).
     :param int seed: seed of the draws (made on the CPU; torch's global CPU RNG state is restored after).
     :returns: :class:`arviz.InferenceData` with groups ``posterior`` and ``gates`` (module docstring).
     """
     az = import_arviz()
     import xarray as xr
 
-    if int(num_draws) < 1 or int(num_chains) < 1:
-        raise ValueError(f"num_draws and num_chains must be >= 1, got {num_draws} and {num_chains}")
-    num_draws, num_chains = int(num_draws), int(num_chains)
+    check_args("to_inference_data", ARG_CHECKS, num_draws=num_draws, seed=seed)
+    total, seed = whole(num_draws), whole(seed)
     layers = gate_layers(model)
     dim_coords = _layer_coords(layers, coords, feature_names)
-    total = num_chains * num_draws
     posterior, dims, stats = {}, {}, {}
     attrs = {"layers": ",".join(gl.name for gl in layers), "model": type(model).__name__}
     rng_state = torch.get_rng_state()
@@ -164,7 +169,7 @@ def to_inference_data(model, num_draws=1000, num_chains=2, feature_names=None, c
             g = gl.gate  # float64 on the CPU: exact gate quantities whatever the model's dtype and device
             q = HardConcrete(g.log_alpha.detach().double().cpu(), g.temperature, g.lower, g.upper)
             z = q.rsample((total,))
-            posterior[gl.var] = z.reshape(num_chains, num_draws, -1).numpy()
+            posterior[gl.var] = z.reshape(1, total, -1).numpy()
             dims[gl.var] = [gl.dim]
             if weights:
                 if gl.name == "z":
@@ -176,7 +181,7 @@ def to_inference_data(model, num_draws=1000, num_chains=2, feature_names=None, c
                 else:
                     w, wdims = _weight_draws(gl, z)
                     wname = f"w_{_sanitize(gl.name)}"
-                posterior[wname] = w.reshape(num_chains, num_draws, *w.shape[1:]).numpy()
+                posterior[wname] = w.reshape(1, total, *w.shape[1:]).numpy()
                 dims[wname] = wdims
             for key, value in (
                 ("log_alpha", q.log_alpha),

@@ -51,8 +51,9 @@ def inclusion_summary(idata, var_names=None, hdi_prob=0.94):
     Columns: ``layer``, ``gate`` (the coordinate label: feature name, pixel index, ...),
     ``prob_nonzero`` (exact :math:`q(z \ne 0)`, Eq. 12), ``mc_prob_nonzero`` (fraction of draws
     with :math:`z \ne 0`) and ``mcse_prob_nonzero`` (its binomial standard error), ``prob_zero``,
-    ``prob_one``, ``test_gate`` (Eq. 13), then ArviZ's ``mean``, ``sd``, ``hdi_<lo>%``,
-    ``hdi_<hi>%``, ``ess_bulk`` and ``r_hat`` of :math:`z_g`, and ``included``
+    ``prob_one``, ``test_gate`` (Eq. 13), then ArviZ's ``mean``, ``sd``, ``hdi_<lo>%`` and
+    ``hdi_<hi>%`` of :math:`z_g` (``kind="stats"``: the draws are independent, so there are no
+    chain diagnostics to report), and ``included``
     (:math:`q(z \ne 0) > 0.5`, the median-probability model).
 
     :returns: a :class:`pandas.DataFrame` indexed by ``"<var>[<label>]"`` (ArviZ's row names).
@@ -62,7 +63,7 @@ def inclusion_summary(idata, var_names=None, hdi_prob=0.94):
 
     frames = []
     for var in _select(idata, var_names):
-        table = az.summary(idata, var_names=[var], hdi_prob=hdi_prob, round_to="none")
+        table = az.summary(idata, var_names=[var], kind="stats", hdi_prob=hdi_prob, round_to="none")
         draws = idata.posterior[var].values
         dim = idata.posterior[var].dims[-1]
         flat = draws.reshape(-1, draws.shape[-1])
@@ -82,7 +83,7 @@ def inclusion_summary(idata, var_names=None, hdi_prob=0.94):
             index=table.index,
         )
         hdi_cols = [c for c in table.columns if c.startswith("hdi_")]
-        back = table[["mean", "sd", *hdi_cols, "ess_bulk", "r_hat"]]
+        back = table[["mean", "sd", *hdi_cols]]
         frame = pd.concat([front, back], axis=1)
         frame["included"] = q > 0.5
         frames.append(frame)

@@ -5,6 +5,7 @@ dimensions, then the data in row-major order (big-endian for multi-byte types).
 """
 
 import gzip
+import math
 import os
 import zlib
 
@@ -60,7 +61,7 @@ def read_idx(path):
         raise ValueError(f"{path}: truncated IDX header ({len(data)} bytes, need {header} for {ndim} dimensions)")
     dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
     dtype = _IDX_TYPES[type_code]
-    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(dims) * dtype.itemsize  # exact integers: huge dims cannot overflow
     got = len(data) - header
     if got < expected:
         raise ValueError(f"{path}: truncated IDX file: dims {dims} need {expected} data bytes, found {got}")

@@ -2,7 +2,7 @@
 
 Everything here is elementwise, differentiable and free of ad-hoc ``eps`` fudges:
 each function is an exact rewrite of its naive form that avoids overflow and
-cancellation (see ``MATH.md`` section 1).
+cancellation (see docs/mathematics.md, "The stretched variable").
 """
 
 import torch
@@ -37,7 +37,7 @@ def sigmoid_difference(hi, lo):
     r""":math:`\sigma(hi) - \sigma(lo)` for ``hi >= lo`` without cancellation.
 
     Uses :math:`\sigma(hi)\,\sigma(-lo)\,(1 - e^{lo - hi})`, which keeps full relative
-    accuracy when both sigmoids are close to 0 or to 1 (``MATH.md`` section 1).
+    accuracy when both sigmoids are close to 0 or to 1 (docs/mathematics.md, "The stretched variable").
     """
     return torch.sigmoid(hi) * torch.sigmoid(-lo) * -torch.expm1(lo - hi)
 

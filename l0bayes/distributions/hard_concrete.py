@@ -5,7 +5,13 @@ from pyro.distributions import constraints
 
 from ._stable import log_logistic_density, log_sigmoid, sigmoid_difference, softplus
 from .quadrature import gauss_legendre, map_chunks, num_nodes_for
-from .stretched_concrete import ConcreteParameters, StretchedConcrete, _check_probability, stretch_logit_bounds
+from .stretched_concrete import (
+    ConcreteParameters,
+    StretchedConcrete,
+    _check_probability,
+    check_not_nan,
+    stretch_logit_bounds,
+)
 
 
 class HardConcrete(ConcreteParameters):
@@ -23,8 +29,8 @@ class HardConcrete(ConcreteParameters):
 
     Moments and entropy are exact up to Gauss-Legendre quadrature of the continuous part in
     the logit variable :math:`v = \mathrm{logit}((z - \gamma)/(\zeta - \gamma))`, which lives on
-    the fixed interval :math:`(\log(-\gamma/\zeta), \log((1 - \gamma)/(\zeta - 1)))` (``MATH.md``
-    section 2); they are deterministic and differentiable.
+    the fixed interval :math:`(\log(-\gamma/\zeta), \log((1 - \gamma)/(\zeta - 1)))` (docs/mathematics.md,
+    "Deterministic quadrature"); they are deterministic and differentiable.
 
     :param log_alpha: location :math:`\log\alpha`; any real tensor or float.
     :param temperature: :math:`\beta > 0` (the paper uses 2/3).
@@ -100,12 +106,18 @@ class HardConcrete(ConcreteParameters):
         return torch.where(value == 1, log_p1, out)
 
     def cdf(self, value):
-        r"""CDF of Eq. 26: 0 below 0, :math:`\bar Q(z)` on ``[0, 1)`` (so :math:`\bar Q(0)` at 0), 1 from 1 on."""
+        r"""CDF of Eq. 26: 0 below 0, :math:`\bar Q(z)` on ``[0, 1)`` (so :math:`\bar Q(0)` at 0), 1 from 1 on.
+
+        NaN gives NaN, or a :class:`ValueError` when ``validate_args`` is on.
+        """
+        if self._validate_args:
+            check_not_nan(value)
         value = torch.as_tensor(value, dtype=self.log_alpha.dtype, device=self.log_alpha.device)
         inside = (value >= 0) & (value < 1)
         safe = torch.where(inside, value, torch.full_like(value, 0.5))
         inner = self.base.cdf(safe)
-        return torch.where(inside, inner, (value >= 1).to(inner.dtype))
+        out = torch.where(inside, inner, (value >= 1).to(inner.dtype))
+        return torch.where(torch.isnan(value), value, out)
 
     def icdf(self, value):
         r"""Generalised inverse :math:`\inf\{z : F(z) \ge p\}` of :meth:`cdf`.
@@ -135,7 +147,7 @@ class HardConcrete(ConcreteParameters):
         (the paper's ``(gamma, zeta)`` would give the untruncated :math:`\bar s`). The inversion is
         done on the logistic scale, measured from the end of ``(L0, L1)`` nearer to zero so
         that no probability rounds to 0 or 1 and nothing cancels, in float32 too
-        (``MATH.md`` section 3).
+        (docs/mathematics.md, "Monte Carlo with the corrected interval").
         """
         shape = self._extended_shape(sample_shape)
         dtype, device = self.log_alpha.dtype, self.log_alpha.device

@@ -2,7 +2,7 @@
 
 The expectations of the hard concrete (mean, variance, entropy, KL) are integrals of
 smooth functions over a finite interval of the logit variable
-``v = logit((z - lower) / (upper - lower))`` (``MATH.md`` section 2); a fixed
+``v = logit((z - lower) / (upper - lower))`` (docs/mathematics.md, "Deterministic quadrature"); a fixed
 Gauss-Legendre rule integrates them deterministically, differentiably and vectorised over
 any batch shape.
 

@@ -38,6 +38,20 @@ def stretched_concrete_rsample(shape, log_alpha, temperature, lower, upper):
     return s * (upper - lower) + lower
 
 
+class _Finite(constraints.Constraint):
+    """``base`` and finite: ``validate_args`` then rejects an infinite temperature or stretch."""
+
+    def __init__(self, base):
+        self.base = base
+        super().__init__()
+
+    def check(self, value):
+        return self.base.check(value) & torch.isfinite(value)
+
+    def __repr__(self):
+        return f"Finite({self.base!r})"
+
+
 class ConcreteParameters(TorchDistribution):
     """Parameters ``(log_alpha, temperature, lower, upper)`` shared by the concrete distributions.
 
@@ -46,15 +60,17 @@ class ConcreteParameters(TorchDistribution):
     (and the registered KL still applies).
     """
 
+    # The table of argument checks, applied by torch.distributions when ``validate_args`` is on.
     arg_constraints = {
         "log_alpha": constraints.real,
-        "temperature": constraints.positive,
-        "lower": constraints.less_than(0.0),
-        "upper": constraints.greater_than(1.0),
+        "temperature": _Finite(constraints.positive),
+        "lower": _Finite(constraints.less_than(0.0)),
+        "upper": _Finite(constraints.greater_than(1.0)),
     }
     has_rsample = True
 
     def __init__(self, log_alpha, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, validate_args=None):
+        _check_floating(type(self).__name__, log_alpha=log_alpha, temperature=temperature, lower=lower, upper=upper)
         self.log_alpha, self.temperature, self.lower, self.upper = broadcast_all(log_alpha, temperature, lower, upper)
         if all(isinstance(p, Number) for p in (log_alpha, temperature, lower, upper)):
             batch_shape = torch.Size()
@@ -88,7 +104,7 @@ class StretchedConcrete(ConcreteParameters):
         - \log(\zeta - x) + \log(\zeta - \gamma),
 
     with :math:`f` the standard logistic density, a form that cannot overflow for small
-    temperatures (``MATH.md`` section 1). Rectifying it with a hard sigmoid gives
+    temperatures (docs/mathematics.md, "The stretched variable"). Rectifying it with a hard sigmoid gives
     :class:`~l0bayes.distributions.HardConcrete`.
 
     :param log_alpha: location :math:`\log\alpha` (any real tensor or float).
@@ -125,15 +141,16 @@ class StretchedConcrete(ConcreteParameters):
         return torch.where(inside, log_density, torch.full_like(log_density, -float("inf")))
 
     def cdf(self, value):
-        """Eq. 24-25: :math:`\\sigma(\\beta y(x) - \\log\\alpha)`, 0 below ``lower``, 1 above ``upper``."""
+        """Eq. 24-25: :math:`\\sigma(\\beta y(x) - \\log\\alpha)`, 0 below ``lower``, 1 above ``upper``; NaN at NaN."""
         if self._validate_args:
-            self._validate_sample(value)
+            check_not_nan(value)
         value, lower, upper = broadcast_all(value, self.lower, self.upper)
         inside = (value > lower) & (value < upper)
         safe = torch.where(inside, value, 0.5 * (lower + upper))
         y = torch.log(safe - lower) - torch.log(upper - safe)
         inner = torch.sigmoid(self.temperature * y - self.log_alpha)
-        return torch.where(inside, inner, (value >= upper).to(inner.dtype))
+        out = torch.where(inside, inner, (value >= upper).to(inner.dtype))
+        return torch.where(torch.isnan(value), value, out)
 
     def icdf(self, value):
         r"""Quantile function, :math:`\gamma + (\zeta - \gamma)\,\sigma((\mathrm{logit}\,p + \log\alpha)/\beta)`."""
@@ -152,7 +169,20 @@ class StretchedConcrete(ConcreteParameters):
         raise NotImplementedError("StretchedConcrete has no closed-form variance")
 
 
+def _check_floating(owner, **params):
+    """A tensor parameter must be floating point: an integer ``log_alpha`` would turn the others into integers."""
+    for name, value in params.items():
+        if torch.is_tensor(value) and not value.is_floating_point():
+            raise TypeError(f"{owner}: {name} must be a floating-point tensor or a float, got a {value.dtype} tensor")
+
+
+def check_not_nan(value):
+    """``cdf``'s argument check: any real value (outside the support too) but not NaN."""
+    if torch.isnan(torch.as_tensor(value)).any():
+        raise ValueError("cdf: value must not be NaN")
+
+
 def _check_probability(value):
     value = torch.as_tensor(value)
     if not torch.all((value >= 0) & (value <= 1)):
-        raise ValueError("icdf expects probabilities in [0, 1] (argument 'value')")
+        raise ValueError("icdf: value must be a probability in [0, 1] (NaN is not)")

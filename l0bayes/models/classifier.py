@@ -8,9 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import NON_NEGATIVE, PROBABILITY, check_args
 from ..nn.gate_set import GateSet
 from ..nn.gates import gate_prior, gates_of, prior_like, pyro_gates
 from ..nn.penalty import expected_l2
+
+# The table of argument checks of SparseClassifier (a per-layer ``lam`` dict is checked value by value).
+ARG_CHECKS = {"lam": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "prior_inclusion": PROBABILITY}
 
 
 class SparseClassifier(nn.Module):
@@ -28,7 +32,7 @@ class SparseClassifier(nn.Module):
     * :meth:`penalized_loss`: the same objective without the KL (Eq. 22 = N times Eq. 9), likewise fused.
 
     :param net: the gated network (e.g. :class:`~l0bayes.nn.L0MLP`).
-    :param lam: code cost in nats per active parameter (``MATH.md`` section 4: the paper's
+    :param lam: code cost in nats per active parameter (docs/mathematics.md, "The variational free energy": the paper's
         :math:`\lambda = 0.1/N` is ``lam = 0.1``), a float or ``{layer name: lam}`` for per-layer
         lambdas (e.g. ``{"fc1": 0.1, "fc2": 0.05}``; layers not named pay nothing).
     :param float weight_decay: coefficient of the expected L2 penalty (Eq. 15/17), in nats:
@@ -39,6 +43,10 @@ class SparseClassifier(nn.Module):
 
     def __init__(self, net, lam=0.1, weight_decay=0.0, prior_inclusion=0.5):
         super().__init__()
+        lams = {f"lam[{k!r}]": v for k, v in lam.items()} if isinstance(lam, dict) else {"lam": lam}
+        for name, value in lams.items():
+            ARG_CHECKS["lam"]("SparseClassifier", name, value)
+        check_args("SparseClassifier", ARG_CHECKS, weight_decay=weight_decay, prior_inclusion=prior_inclusion)
         self.net = net
         self.lam = lam
         self.weight_decay = float(weight_decay)

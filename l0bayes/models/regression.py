@@ -8,10 +8,22 @@ import torch
 from pyro.nn import PyroModule, pyro_method
 from torch import nn
 
+from .._checks import COUNT, GATE_SHAPE, NON_NEGATIVE, POSITIVE, PROBABILITY, check_args
 from ..nn.gates import HardConcreteGate, gate_prior, prior_like
 from ..utils import check_xy
 
 SLABS = ("point", "gaussian")
+
+# The table of argument checks of the regression models.
+ARG_CHECKS = {
+    "num_features": COUNT,
+    "prior_inclusion": PROBABILITY,
+    "prior_scale": POSITIVE,
+    "code_cost": NON_NEGATIVE.or_none(),
+    "init_drop_rate": PROBABILITY,
+    "noise_scale": POSITIVE.or_none(),
+    **GATE_SHAPE,
+}
 
 
 class _SpikeSlabGLM(PyroModule):
@@ -55,10 +67,18 @@ class _SpikeSlabGLM(PyroModule):
         super().__init__()
         if slab not in SLABS:
             raise ValueError(f"slab must be one of {SLABS}, got {slab!r}")
-        if prior_scale <= 0:
-            raise ValueError(f"prior_scale must be positive, got {prior_scale}")
-        if code_cost is not None and code_cost < 0:
-            raise ValueError(f"code_cost must be non-negative, got {code_cost}")
+        check_args(
+            type(self).__name__,
+            ARG_CHECKS,
+            num_features=num_features,
+            prior_inclusion=prior_inclusion,
+            prior_scale=prior_scale,
+            code_cost=code_cost,
+            init_drop_rate=init_drop_rate,
+            temperature=temperature,
+            lower=lower,
+            upper=upper,
+        )
         self.num_features = int(num_features)
         self.slab = slab
         self.prior_scale = float(prior_scale)
@@ -127,8 +147,7 @@ class SparseLinearRegression(_SpikeSlabGLM):
 
     def __init__(self, num_features, noise_scale=None, **kwargs):
         super().__init__(num_features, **kwargs)
-        if noise_scale is not None and noise_scale <= 0:
-            raise ValueError(f"noise_scale must be positive, got {noise_scale}")
+        check_args(type(self).__name__, ARG_CHECKS, noise_scale=noise_scale)
         self.fixed_noise_scale = noise_scale
         self.log_noise_scale = nn.Parameter(torch.zeros(()))
 

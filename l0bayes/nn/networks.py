@@ -51,7 +51,9 @@ class L0MLP(_MLPBase):
     shape ``(B, in_features)`` or ``(B, C, H, W)`` with ``C * H * W = in_features``.
 
     :param init_drop_rates: one initial dropout rate per gated layer (a float for all); the
-        default ``(0.2, 0.5, 0.5)`` are the original dropout rates of this MLP (Section 4).
+        default ``None`` is 0.2 on the inputs and 0.5 on every hidden layer, the original dropout
+        rates of this MLP (Section 4): ``(0.2, 0.5, 0.5)`` for 784-300-100-10, ``(0.2, 0.5)`` for
+        ``hidden=(20,)``.
     :param weight_init: ``"torch"`` (default) or ``"he"`` (the paper's code), see
         :func:`~l0bayes.nn.init_weights_`.
     :param gate_kwargs: ``temperature``, ``lower``, ``upper``, ``init_std`` for every gate.
@@ -62,10 +64,13 @@ class L0MLP(_MLPBase):
         in_features=784,
         hidden=(300, 100),
         num_classes=10,
-        init_drop_rates=(0.2, 0.5, 0.5),
+        init_drop_rates=None,
         weight_init="torch",
         **gate_kwargs,
     ):
+        hidden = tuple(hidden)
+        if init_drop_rates is None:
+            init_drop_rates = (0.2,) + (0.5,) * len(hidden)
         rates = _rates(init_drop_rates, len(hidden) + 1, "L0MLP")
         super().__init__(
             in_features,
