@@ -139,3 +139,40 @@ def test_log_prob_with_scalar_parameters_matches_reference(dtype):
     (g,) = torch.autograd.grad(lp.where(weights > 0, 0.0).mul(weights).sum(), log_alpha)
     (g_general,) = torch.autograd.grad(lp_general.where(weights > 0, 0.0).mul(weights).sum(), log_alpha)
     torch.testing.assert_close(g, g_general, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_draw_and_l0_gradients_equal_autograd_through_the_distribution(dtype):
+    """The one-node gate draw and Eq. 12 sum: same values and log_alpha gradients as autograd on HardConcrete."""
+    log_alpha = torch.linspace(-5.0, 5.0, 400, dtype=dtype).requires_grad_()
+    upstream = torch.randn(400, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    torch.manual_seed(6)
+    z = hard_concrete_rsample(log_alpha, 0.5, -0.2, 1.3)
+    assert type(z.grad_fn).__name__ == "_HardConcreteDrawBackward"
+    (grad,) = torch.autograd.grad((z * upstream).sum(), log_alpha)
+    torch.manual_seed(6)
+    z_ref = HardConcrete(log_alpha, 0.5, -0.2, 1.3).rsample()
+    (grad_ref,) = torch.autograd.grad((z_ref * upstream).sum(), log_alpha)
+    tol = {"rtol": 1e-12, "atol": 1e-14} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(z, z_ref, rtol=0, atol=0)
+    torch.testing.assert_close(grad, grad_ref, **tol)
+    assert 0 < int((z == 0).sum()) and 0 < int((z == 1).sum()) and int((grad == 0).sum()) < 400
+    with pytest.raises(RuntimeError):  # not twice differentiable: says so instead of a wrong answer
+        (g,) = torch.autograd.grad(
+            (hard_concrete_rsample(log_alpha, 0.5, -0.2, 1.3) ** 2).sum(), log_alpha, create_graph=True
+        )
+        torch.autograd.grad(g.sum(), log_alpha)
+
+    net = torch.nn.Sequential(L0Linear(6, 5, temperature=0.5), torch.nn.ReLU(), L0Linear(5, 4)).to(dtype)
+    gs = GateSet(net)
+    weights = {"0.gate": 0.5, "2.gate": 2.0}
+    fused = gs.weighted_l0(gs.log_alphas(), weights)
+    grads = torch.autograd.grad(fused, [net[0].gate.log_alpha, net[2].gate.log_alpha])
+    ref = (
+        0.5 * net[0].gate.distribution().prob_nonzero.sum() * 5
+        + 2.0 * net[2].gate.distribution().prob_nonzero.sum() * 4
+    )
+    ref_grads = torch.autograd.grad(ref, [net[0].gate.log_alpha, net[2].gate.log_alpha])
+    torch.testing.assert_close(fused, ref, **tol)
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, **tol)
