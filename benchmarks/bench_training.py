@@ -11,9 +11,9 @@ MLP 784-300-100-10 trained with Adam (lr 1e-3) in these ways:
   ``train(objective="penalized", log_alpha_range=..., ema_decay=0.999)``;
 * ``bayes``: SVI on Eq. 21 with the analytic gate KL as ``train(objective="bayes")`` runs it:
   ``SparseClassifier.bayes_loss`` (all gates in one fused pass, the KL with its closed-form gradient);
-* ``penalized_autograd``: ``penalized`` with the hot path as it was before issue 13, for a side-by-side
-  measure of that issue's changes: the layers' product ``F.linear(x * z, W, b)``, the gate draw and
-  Eq. 12 all differentiated by autograd (no hand-written backward, no open-gate count);
+* ``penalized_autograd``: ``penalized`` with the layers' product as it was before issue 13, for a
+  side-by-side measure of that issue's change: ``F.linear(x * z, W, b)`` differentiated by autograd
+  (no hand-written backward, no open-gate count, no conditional computation);
 * ``bayes_pyro``: the same free energy through Pyro, ``TraceMeanField_ELBO().differentiable_loss(
   model.model, model.guide, ...)`` (the registered KL, the code cost as a factor), for reference.
 
@@ -66,7 +66,6 @@ from pyro.infer import TraceMeanField_ELBO
 from tables import format_table
 
 from l0bayes.data import find_fashion_mnist, load_mnist_format
-from l0bayes.distributions.stretched_concrete import stretched_concrete_rsample
 from l0bayes.inference import ParameterAverage, train
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, MLP, gate_set, gates_of, layers
@@ -98,38 +97,16 @@ def make_model(method, device):
     return model.to(device).train()
 
 
-class _AutogradProbNonzero:
-    """Stand-in for the one-node Eq. 12 sum: ``dot(w, sigmoid(log_alpha - shift))`` through autograd."""
-
-    @staticmethod
-    def apply(log_alpha, weights, log_shift):
-        return torch.dot(weights, torch.sigmoid(log_alpha - log_shift))
-
-
 @contextlib.contextmanager
 def autograd_hot_path():
-    """Within the context the gated layers, the gate draw and Eq. 12 run as before issue 13 (plain autograd)."""
-    saved = (
-        layers.gated_linear,
-        gate_set.hard_concrete_rsample,
-        gate_set._WeightedProbNonzero,
-        gate_set._Group.open_counts,
-    )
+    """Within the context the gated layers run as before issue 13: ``F.linear(x * z, W, b)``, no open-gate count."""
+    saved = (layers.gated_linear, gate_set._Group.open_counts)
     layers.gated_linear = lambda x, z, weight, bias, mode, num_open: F.linear(x * z, weight, bias)
-    gate_set.hard_concrete_rsample = lambda a, t, lo, hi: stretched_concrete_rsample(a.shape, a, t, lo, hi).clamp(
-        0.0, 1.0
-    )
-    gate_set._WeightedProbNonzero = _AutogradProbNonzero
     gate_set._Group.open_counts = lambda group, z: [None] * len(group.gates)
     try:
         yield
     finally:
-        (
-            layers.gated_linear,
-            gate_set.hard_concrete_rsample,
-            gate_set._WeightedProbNonzero,
-            gate_set._Group.open_counts,
-        ) = saved
+        layers.gated_linear, gate_set._Group.open_counts = saved
 
 
 def make_step(method, model, num_data):

@@ -119,7 +119,7 @@ class GateSet:
             if not any(values):
                 continue
             w = group.per_gate(("l0", tuple(values)), values, log_alpha)
-            term = _WeightedProbNonzero.apply(log_alpha, w, group.log_shift)
+            term = torch.dot(w, torch.sigmoid(log_alpha - group.log_shift))
             total = term if total is None else total + term
         if total is None:
             total = log_alphas[0].new_zeros(())
@@ -137,25 +137,3 @@ class GateSet:
             term = kl_hard_concrete(q, prior(group.temperature, group.lower, group.upper)).sum()
             total = term if total is None else total + term
         return total
-
-
-class _WeightedProbNonzero(torch.autograd.Function):
-    r""":math:`\sum_g w_g\, \sigma(\log\alpha_g - c)` (Eq. 12, 16) as one autograd node.
-
-    The derivative :math:`w_g \sigma(1 - \sigma)` is formed in the forward pass (one ``n``-sized
-    tensor kept), so the backward is one multiplication. Not twice differentiable.
-    """
-
-    @staticmethod
-    def forward(ctx, log_alpha, weights, log_shift):
-        p = torch.sigmoid(log_alpha - log_shift)
-        out = torch.dot(weights, p)
-        if ctx.needs_input_grad[0]:
-            ctx.save_for_backward(p.mul_(1.0 - p).mul_(weights))
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        (slope,) = ctx.saved_tensors
-        return grad * slope, None, None

@@ -135,6 +135,10 @@ def gated_linear(x, z, weight, bias=None, mode="auto", num_open=None):
     if z.dim() != 1:
         return F.linear(x * z, weight, bias)
     columns = use_compact(z, mode, LINEAR_OPEN_FRACTION, num_open)
+    if columns is None and x.requires_grad and torch.is_grad_enabled():
+        # A hidden layer needs the input gradient anyway, from which autograd takes the gates' own:
+        # the hand-written backward would only add its Python overhead.
+        return F.linear(x * z, weight, bias)
     return _GatedLinear.apply(x, z, weight, bias, columns)
 
 

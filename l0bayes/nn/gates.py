@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..distributions import HardConcrete
-from ..distributions.stretched_concrete import standard_logistic, stretched_concrete_rsample
+from ..distributions.stretched_concrete import stretched_concrete_rsample
 
 
 def log_alpha_for_inclusion(prior_inclusion, temperature=2.0 / 3.0, lower=-0.1, upper=1.1):
@@ -134,42 +134,9 @@ def hard_concrete_rsample(log_alpha, temperature, lower, upper):
     r"""One reparameterised draw of Eq. 10-11 for gates with float ``temperature``, ``lower``, ``upper``.
 
     The same draws (the same noise, the same operations) as :meth:`HardConcrete.rsample`,
-    without building a distribution object: this is the hot path of every training step. When
-    ``log_alpha`` needs a gradient, the draw is one autograd node (:class:`_HardConcreteDraw`)
-    whose derivative is formed with the draw, instead of a dozen nodes.
+    without building a distribution object: this is the hot path of every training step.
     """
-    if not (torch.is_grad_enabled() and log_alpha.requires_grad):
-        return stretched_concrete_rsample(log_alpha.shape, log_alpha, temperature, lower, upper).clamp(0.0, 1.0)
-    return _HardConcreteDraw.apply(log_alpha, float(temperature), float(lower), float(upper))
-
-
-class _HardConcreteDraw(torch.autograd.Function):
-    r"""Eq. 10-11, :math:`z = \min(1, \max(0, \gamma + (\zeta - \gamma)\sigma((L + \loglpha)/eta)))`.
-
-    The derivative is the one autograd would chain through those operations,
-    :math:`\partial z / \partial \loglpha = (\zeta - \gamma)\, s (1 - s) / eta` where
-    :math:`0 \le ar s \le 1` (the hard sigmoid passes the gradient on its closed interval, as
-    :func:`torch.clamp` does) and 0 elsewhere; it is computed with the draw and kept (one
-    ``n``-sized tensor), so the backward is one multiplication. Not twice differentiable.
-    """
-
-    @staticmethod
-    def forward(ctx, log_alpha, temperature, lower, upper):
-        with torch.no_grad():
-            # the operations of stretched_concrete_rsample, keeping s for the derivative
-            noise = standard_logistic(log_alpha.shape, log_alpha.dtype, log_alpha.device)
-            s = torch.sigmoid((noise + log_alpha) / temperature)
-            s_bar = s * (upper - lower) + lower
-            slope = s.mul_(1.0 - s).mul_((upper - lower) / temperature)
-            slope.masked_fill_((s_bar < 0.0) | (s_bar > 1.0), 0.0)
-            ctx.save_for_backward(slope)
-            return s_bar.clamp_(0.0, 1.0)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_z):
-        (slope,) = ctx.saved_tensors
-        return grad_z * slope, None, None, None
+    return stretched_concrete_rsample(log_alpha.shape, log_alpha, temperature, lower, upper).clamp(0.0, 1.0)
 
 
 def gates_of(module):
