@@ -3,8 +3,9 @@ r"""The products of the gated layers, computing only the groups whose gate is op
 A gate drawn from the hard concrete (Eq. 10-11) is exactly 0 with probability :math:`\bar Q(0)`
 (Eq. 12). The input columns of an :class:`~l0bayes.nn.L0Linear` and the output maps of an
 :class:`~l0bayes.nn.L0Conv2d` whose gate is 0 contribute nothing to the layer's output, so they
-need not be computed: this is the *conditional computation* of Section 2.4 ("the gates ... can
-be exploited for computational speed-ups during training"). The functions here compute
+need not be computed: the conditional computation that Sections 2.4 and 3 of the paper point to
+("sparsification happens during training, thus theoretically allowing conditional computation to
+speed-up training"). The functions here compute
 
 .. math::
     y = (x \odot z) W^\top + b \qquad\text{and}\qquad y_{:, c} = z_c (W_c \star x + b_c)
