@@ -164,3 +164,12 @@ def test_set_conditional_rejects_unknown_modes():
         layer.set_conditional("sometimes")
     with pytest.raises(ValueError, match="conditional"):
         layer.set_conditional(1)
+
+
+def test_first_layer_product_refuses_double_backward():
+    layer = L0Linear(5, 3)
+    z = torch.rand(5, requires_grad=True)
+    y = gated_linear(torch.randn(4, 5), z, layer.weight, layer.bias, mode=False)
+    (g,) = torch.autograd.grad(y.pow(2).sum(), z, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), z)

@@ -68,6 +68,7 @@ class _GatedLinear(torch.autograd.Function):
     :math:`\bar W = G \odot z` and :math:`\bar z_i = \sum_o G_{oi} W_{oi}`, which spares the
     ``B x out x in`` product :math:`\bar y W` that autograd would form for the gated input.
     With ``columns`` (indices of the open gates) only those columns of ``x`` and ``W`` enter.
+    Not twice differentiable (raises if asked).
     """
 
     @staticmethod
@@ -87,6 +88,7 @@ class _GatedLinear(torch.autograd.Function):
         return F.linear(xz, w_in, bias)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y):
         x_in, z_in, w_in, xz = ctx.saved_tensors
         need_x, need_z, need_w, need_b, _ = ctx.needs_input_grad
