@@ -11,6 +11,9 @@ MLP 784-300-100-10 trained with Adam (lr 1e-3) in these ways:
   ``train(objective="penalized", log_alpha_range=..., ema_decay=0.999)``;
 * ``bayes``: SVI on Eq. 21 with the analytic gate KL as ``train(objective="bayes")`` runs it:
   ``SparseClassifier.bayes_loss`` (all gates in one fused pass, the KL with its closed-form gradient);
+* ``penalized_autograd``: ``penalized`` with the layers' product as it was before issue 13, for a
+  side-by-side measure of that issue's change: ``F.linear(x * z, W, b)`` differentiated by autograd
+  (no hand-written backward, no open-gate count, no conditional computation);
 * ``bayes_pyro``: the same free energy through Pyro, ``TraceMeanField_ELBO().differentiable_loss(
   model.model, model.guide, ...)`` (the registered KL, the code cost as a factor), for reference.
 
@@ -25,6 +28,18 @@ only ``K`` minibatches are timed per method and repeat and the time is extrapola
 (600 steps). Finally ``train(..., objective="penalized", epochs=1, progress=False)`` is timed once
 to show the overhead of the entry point (data checks, per-epoch free-energy record).
 
+Issue 13 adds three measurements, each its own run:
+
+* ``--curve F1 F2 ...``: the penalised step with a fraction ``F`` of fc1's input gates closed
+  (their ``log_alpha`` set to -30, a random subset), conditional computation on (``"auto"``) and
+  off, against the dense step of the full architecture, interleaved as above; ``--figure PATH``
+  plots it;
+* ``--memory``: the peak resident set of ``--steps`` training steps of each method, each in a
+  fresh process (``resource.getrusage``, ``ru_maxrss``), the data loaded before the baseline;
+* ``--compile``: the penalised and dense steps with the model's forward and loss under
+  ``torch.compile`` against eager, with the first-call (compile) time and the recompiles counted
+  when the open set of fc1 changes.
+
 Example::
 
     python benchmarks/bench_training.py --repeats 3 --markdown
@@ -33,6 +48,7 @@ Example::
 """
 
 import argparse
+import contextlib
 import cProfile
 import datetime
 import io
@@ -52,14 +68,14 @@ from tables import format_table
 from l0bayes.data import find_fashion_mnist, load_mnist_format
 from l0bayes.inference import ParameterAverage, train
 from l0bayes.models import SparseClassifier
-from l0bayes.nn import L0MLP, MLP, gates_of
+from l0bayes.nn import L0MLP, MLP, gate_set, gates_of, layers
 
 BATCH_SIZE = 100
 LR = 1e-3
 LAM = 0.1
 SEED = 0
-TARGETS = {"penalized": 1.3, "bayes": 1.6}  # max ratio to dense (CPU)
-METHODS = ("dense", "penalized", "penalized_protocol", "bayes", "bayes_pyro")
+TARGETS = {"penalized": 1.10, "bayes": 1.25}  # max ratio to dense (CPU), issue 13
+METHODS = ("dense", "penalized", "penalized_autograd", "penalized_protocol", "bayes", "bayes_pyro")
 
 
 # ---------------------------------------------------------------------------- data and models
@@ -79,6 +95,18 @@ def make_model(method, device):
     else:
         model = SparseClassifier(L0MLP(784, (300, 100), 10), lam=LAM)
     return model.to(device).train()
+
+
+@contextlib.contextmanager
+def autograd_hot_path():
+    """Within the context the gated layers run as before issue 13: ``F.linear(x * z, W, b)``, no open-gate count."""
+    saved = (layers.gated_linear, gate_set._Group.open_counts)
+    layers.gated_linear = lambda x, z, weight, bias, mode, num_open: F.linear(x * z, weight, bias)
+    gate_set._Group.open_counts = lambda group, z: [None] * len(group.gates)
+    try:
+        yield
+    finally:
+        layers.gated_linear, gate_set._Group.open_counts = saved
 
 
 def make_step(method, model, num_data):
@@ -108,6 +136,14 @@ def make_step(method, model, num_data):
             optimizer.zero_grad(set_to_none=True)
             nll, cost = model.penalized_loss(xb, yb, num_data)
             return finish(nll + cost)
+
+    elif method == "penalized_autograd":
+
+        def step(xb, yb):
+            optimizer.zero_grad(set_to_none=True)
+            with autograd_hot_path():
+                nll, cost = model.penalized_loss(xb, yb, num_data)
+                return finish(nll + cost)
 
     elif method == "penalized_protocol":
         # train(log_alpha_range=(log 0.01, log 100), ema_decay=0.999): the paper code's projection and averaging
@@ -141,6 +177,11 @@ def make_step(method, model, num_data):
     else:
         raise ValueError(method)
     return step
+
+
+def load_line():
+    """``uptime``'s load averages (the machine is shared)."""
+    return "load average " + " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def _sync(device):
@@ -192,6 +233,167 @@ def profile_bayes(x, y, device, steps, top):
     return out.getvalue()
 
 
+# ---------------------------------------------------------------------------- issue 13: sparsity curve
+def close_fc1(model, fraction, seed=SEED):
+    """Close a random ``fraction`` of fc1's input gates (``log_alpha = -30``: ``z = 0`` in every draw)."""
+    fc1 = model.net.fc1
+    closed = torch.randperm(fc1.num_gates, generator=torch.Generator().manual_seed(seed + 7))
+    with torch.no_grad():
+        fc1.gate.log_alpha[closed[: round(fraction * fc1.num_gates)]] = -30.0
+
+
+def closed_fraction(model, draws=200):
+    """Mean fraction of fc1's gates drawn exactly 0 (Eq. 10-11)."""
+    gate = model.net.fc1.gate
+    with torch.no_grad():
+        return statistics.fmean(float((gate() == 0).double().mean()) for _ in range(draws))
+
+
+def sparsity_curve(x, y, fractions, steps, repeats, warmup, device):
+    """Per fraction: ms/step of dense, penalised (auto) and penalised (conditional off); ratios to dense."""
+    num_data = x.shape[0]
+    rows = []
+    for fraction in fractions:
+        variants = {"dense": make_model("dense", device)}
+        for name, mode in (("auto", "auto"), ("off", False)):
+            model = make_model("penalized", device)
+            close_fc1(model, fraction)
+            for layer in (model.net.fc1, model.net.fc2, model.net.fc3):
+                layer.set_conditional(mode)
+            variants[name] = model
+        names = list(variants)
+        step_fns = {m: make_step("dense" if m == "dense" else "penalized", variants[m], num_data) for m in names}
+        shuffle = torch.Generator().manual_seed(SEED)
+        warm = torch.randperm(num_data, generator=shuffle)
+        for m in names:
+            run_steps(step_fns[m], x, y, warm, 0, warmup, device)
+        times = {m: [] for m in names}
+        for r in range(repeats):
+            order = torch.randperm(num_data, generator=shuffle)
+            rot = r % len(names)
+            for m in names[rot:] + names[:rot]:
+                times[m].append(run_steps(step_fns[m], x, y, order, 0, steps, device) / steps)
+        ratio = {m: statistics.median([a / b for a, b in zip(times[m], times["dense"], strict=True)]) for m in names}
+        realised = closed_fraction(variants["auto"].train())
+        rows.append((fraction, realised, {m: statistics.median(times[m]) for m in names}, ratio))
+        print(
+            f"  closed fc1 fraction {fraction:.2f} (drawn zero {realised:.3f}): "
+            + "  ".join(f"{m} {statistics.median(times[m]) * 1e3:.2f} ms ({ratio[m]:.2f}x)" for m in names),
+            flush=True,
+        )
+    return rows
+
+
+def plot_curve(rows, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if os.path.exists(path):
+        sys.exit(f"{path} exists; not overwriting it")
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    realised = [r[1] for r in rows]
+    for m, label in (("auto", "penalised, conditional computation (auto)"), ("off", "penalised, full products")):
+        ax.plot(realised, [r[3][m] for r in rows], marker="o", label=label)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--", label="dense (full architecture)")
+    ax.axhline(0.9, color="grey", lw=0.8, ls=":", label="target 0.9x at >= 40% closed")
+    ax.set_xlabel("fraction of fc1's input gates drawn 0")
+    ax.set_ylabel("step time / dense step time")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# ---------------------------------------------------------------------------- issue 13: peak memory
+def _peak_rss_worker(method, steps, threads, data_dir, queue):
+    import resource
+
+    torch.set_num_threads(threads)
+    _, x, y = load_data(data_dir)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    device = torch.device("cpu")
+    model = make_model(method, device)
+    step = make_step(method, model, x.shape[0])
+    order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(SEED))
+    run_steps(step, x, y, order, 0, steps, device)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put((before / 1024.0, after / 1024.0))
+
+
+def peak_rss(methods, steps, threads, data_dir):
+    """``{method: (MB after loading the data, MB peak after the steps)}``, each method in a fresh process."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out = {}
+    for method in methods:
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_peak_rss_worker, args=(method, steps, threads, data_dir, queue))
+        proc.start()
+        out[method] = queue.get()
+        proc.join()
+    return out
+
+
+# ---------------------------------------------------------------------------- issue 13: torch.compile
+def compile_eval(x, y, steps, repeats, device):
+    """Eager vs ``torch.compile`` of the loss computation (forward + loss; backward and Adam stay eager)."""
+    import torch._dynamo
+
+    num_data = x.shape[0]
+    rows = {}
+    order = torch.randperm(num_data, generator=torch.Generator().manual_seed(SEED))
+    fns = {}
+    for method in ("dense", "penalized"):
+        for compiled in (False, True):
+            model = make_model(method, device)
+            if method == "dense":
+
+                def loss_fn(xb, yb, model=model):
+                    return F.cross_entropy(model(xb), yb) * num_data
+
+            else:
+
+                def loss_fn(xb, yb, model=model):
+                    return sum(model.penalized_loss(xb, yb, num_data))
+
+            fn = torch.compile(loss_fn) if compiled else loss_fn
+            optimizer = torch.optim.Adam(model.parameters(), lr=LR, fused=True)
+
+            def step(xb, yb, fn=fn, optimizer=optimizer):
+                optimizer.zero_grad(set_to_none=True)
+                loss = fn(xb, yb)
+                (loss / num_data).backward()
+                optimizer.step()
+                return float(loss.detach())
+
+            key = (method, "compiled" if compiled else "eager")
+            torch._dynamo.reset() if compiled else None
+            counters_before = dict(torch._dynamo.utils.counters["stats"])
+            t0 = time.perf_counter()
+            run_steps(step, x, y, order, 0, 1, device)
+            first = time.perf_counter() - t0
+            run_steps(step, x, y, order, 1, 20, device)  # the open set changes every draw
+            frames = torch._dynamo.utils.counters["stats"].get("unique_graphs", 0) - counters_before.get(
+                "unique_graphs", 0
+            )
+            fns[key] = step
+            rows[key] = {"first_call_s": first, "graphs": frames, "times": []}
+    keys = list(fns)
+    for r in range(repeats):
+        rot = r % len(keys)
+        for key in keys[rot:] + keys[:rot]:
+            rows[key]["times"].append(run_steps(fns[key], x, y, order, 0, steps, device) / steps)
+    dense_eager = rows[("dense", "eager")]["times"]
+    for key in keys:
+        times = rows[key]["times"]
+        rows[key]["ms"] = statistics.median(times) * 1e3
+        rows[key]["ratio"] = statistics.median([a / b for a, b in zip(times, dense_eager, strict=True)])
+    return rows
+
+
 # ---------------------------------------------------------------------------- main
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -206,6 +408,12 @@ def main(argv=None):
     parser.add_argument("--profile", type=int, default=0, help="also profile this many SVI steps")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave the default)")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    parser.add_argument(
+        "--curve", type=float, nargs="+", default=None, help="issue 13: fractions of fc1's gates to close (only this)"
+    )
+    parser.add_argument("--figure", default=None, help="with --curve: write the plot here (never overwritten)")
+    parser.add_argument("--memory", action="store_true", help="issue 13: peak RSS per method, fresh processes")
+    parser.add_argument("--compile", action="store_true", help="issue 13: torch.compile against eager")
     parser.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
@@ -236,6 +444,39 @@ def main(argv=None):
         f"N={num_data}  batch={BATCH_SIZE}  timed steps/method/repeat={steps} "
         f"({'full epoch' if steps == steps_per_epoch else f'extrapolated to {steps_per_epoch} steps'})"
     )
+
+    print(f"# {load_line()}")
+    if args.curve:
+        rows = sparsity_curve(x, y, args.curve, steps, args.repeats, args.warmup, device)
+        header = ("fc1 closed (set)", "drawn 0", "dense ms", "auto ms", "off ms", "auto / dense", "off / dense")
+        table = [
+            (f"{f:.2f}", f"{d:.3f}", *(f"{t[m] * 1e3:.2f}" for m in ("dense", "auto", "off")),
+             f"{r['auto']:.2f}x", f"{r['off']:.2f}x")
+            for f, d, t, r in rows
+        ]  # fmt: skip
+        print(format_table(header, table, args.markdown, width=14))
+        if args.figure:
+            plot_curve(rows, args.figure, f"MLP 784-300-100, batch {BATCH_SIZE}, {CLOCK_NAME} clock, 1 thread")
+        print(f"# {load_line()}")
+        return 0
+    if args.memory:
+        threads = torch.get_num_threads()
+        peaks = peak_rss(("dense", "penalized", "bayes"), steps, threads, args.data_dir)
+        base = peaks["dense"][1]
+        table = [(m, f"{b:.1f}", f"{a:.1f}", f"{a - b:.1f}", f"{a / base:.3f}x") for m, (b, a) in peaks.items()]
+        print(format_table(("method", "MB after data", "peak MB", "increase MB", "peak / dense"), table, args.markdown))
+        print(f"# {load_line()}")
+        return 0
+    if args.compile:
+        rows = compile_eval(x, y, steps, args.repeats, device)
+        table = [
+            (f"{m} {k}", f"{r['first_call_s']:.1f}", str(r["graphs"]), f"{r['ms']:.2f}", f"{r['ratio']:.2f}x")
+            for (m, k), r in rows.items()
+        ]
+        header = ("step", "first call s", "graphs compiled", "ms/step", "ratio to dense eager")
+        print(format_table(header, table, args.markdown, width=14))
+        print(f"# {load_line()}")
+        return 0
 
     models = {m: make_model(m, device) for m in METHODS}
     step_fns = {m: make_step(m, models[m], num_data) for m in METHODS}

@@ -112,3 +112,30 @@ def test_penalized_loss_in_eval_mode_uses_test_time_gates():
     nll1, _ = model.penalized_loss(x, y, 100)
     nll2, _ = model.penalized_loss(x, y, 100)
     torch.testing.assert_close(nll1, nll2, rtol=0, atol=0)  # deterministic (Eq. 13)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_log_prob_with_scalar_parameters_matches_reference(dtype):
+    """The lean log_prob (single temperature and stretch) against mpmath, atoms and density, with gradients."""
+    import hc_reference as ref
+
+    b, lo, hi = 0.4, -0.2, 1.3
+    log_alpha = torch.tensor([-25.0, -3.0, -0.5, 0.0, 1.7, 6.0, 25.0], dtype=dtype, requires_grad=True)
+    values = torch.tensor([0.0, 1.0, 1e-6, 0.3, 0.5, 0.999, 1.0 - 2**-20, -0.1, 1.5], dtype=dtype)
+    d = HardConcrete(log_alpha, b, lo, hi, validate_args=False)
+    lp = d.log_prob(values.unsqueeze(-1))  # (9, 7): every value against every gate
+    expected = [[ref.mp_log_prob(float(z), float(a), b, lo, hi) for a in log_alpha.tolist()] for z in values.tolist()]
+    expected = torch.tensor(expected, dtype=torch.float64)
+    finite = torch.isfinite(expected)
+    assert torch.equal(torch.isfinite(lp), finite) and torch.all(lp[~finite] == -torch.inf)
+    rtol = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(lp.double()[finite], expected[finite], rtol=rtol, atol=rtol)
+    # The gradient equals the general (per-gate parameter) path's, which autograd differentiates.
+    per_gate = [torch.full_like(log_alpha, v).detach() for v in (b, lo, hi)]  # not single values: general path
+    general = HardConcrete(log_alpha, *per_gate, validate_args=False)
+    lp_general = general.log_prob(values.unsqueeze(-1))
+    torch.testing.assert_close(lp, lp_general, rtol=rtol, atol=rtol)
+    weights = torch.where(torch.isfinite(lp), 1.0, 0.0).to(dtype)
+    (g,) = torch.autograd.grad(lp.where(weights > 0, 0.0).mul(weights).sum(), log_alpha)
+    (g_general,) = torch.autograd.grad(lp_general.where(weights > 0, 0.0).mul(weights).sum(), log_alpha)
+    torch.testing.assert_close(g, g_general, rtol=rtol, atol=rtol)

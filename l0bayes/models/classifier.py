@@ -66,6 +66,14 @@ class SparseClassifier(nn.Module):
     def forward(self, x):
         return self.net(x)
 
+    def _lams(self):
+        """``{gate name: lambda}``, rebuilt only when :attr:`lam` has been replaced or changed."""
+        key = tuple(sorted(self.lam.items())) if isinstance(self.lam, dict) else self.lam
+        if getattr(self, "_lams_key", None) != key:
+            self._lams_cache = {name: self._lam(name) for name, _ in self._gates}
+            self._lams_key = key
+        return self._lams_cache
+
     def _lam(self, name):
         if isinstance(self.lam, dict):
             return float(self.lam.get(_layer_name(name), 0.0))
@@ -75,8 +83,7 @@ class SparseClassifier(nn.Module):
         r""":math:`\sum_l \lambda_l \sum_g |g|\, q(z_g \ne 0)` plus the expected L2 term (nats)."""
         if log_alphas is None:
             log_alphas = self._gate_set.log_alphas()
-        lams = {name: self._lam(name) for name, _ in self._gates}
-        total = self._gate_set.weighted_l0(log_alphas, lams)
+        total = self._gate_set.weighted_l0(log_alphas, self._lams())
         if self.weight_decay:
             total = total + 0.5 * self.weight_decay * expected_l2(self.net)
         return total

@@ -32,6 +32,19 @@ class _Group:
             return self.gates[0].log_alpha
         return torch.cat([gate.log_alpha for gate in self.gates])
 
+    def open_counts(self, z):
+        """The number of nonzero draws of each member, counted in one pass (for conditional computation)."""
+        if len(self.gates) == 1:
+            return [int(torch.count_nonzero(z))]
+        if z.device.type != "cpu":
+            return [None] * len(self.gates)  # counting would synchronise the device; the layers do not need it
+        key = ("members", z.device)
+        if key not in self._cache:
+            ids = torch.repeat_interleave(torch.arange(len(self.sizes)), torch.tensor(self.sizes))
+            self._cache[key] = ids.to(z.device)
+        counts = torch.zeros(len(self.sizes), dtype=torch.int64, device=z.device)
+        return counts.index_add_(0, self._cache[key], (z != 0).long()).tolist()
+
     def per_gate(self, key, values, like):
         """A cached vector repeating ``values[i]`` over the gates of member ``i`` (dtype/device of ``like``)."""
         cache_key = (key, like.dtype, like.device)
@@ -79,13 +92,14 @@ class GateSet:
         try:
             for group, log_alpha in zip(self.groups, log_alphas, strict=True):
                 z = hard_concrete_rsample(log_alpha, group.temperature, group.lower, group.upper)
-                for gate, value in zip(group.gates, z.split(group.sizes), strict=True):
-                    gate._value = value
+                counts = group.open_counts(z)
+                for gate, value, count in zip(group.gates, z.split(group.sizes), counts, strict=True):
+                    gate._value, gate._num_open = value, count
             yield log_alphas
         finally:
             for group in self.groups:
                 for gate in group.gates:
-                    gate._value = None
+                    gate._value = gate._num_open = None
 
     def log_alphas(self):
         """The concatenated ``log_alpha`` of each group (differentiable)."""

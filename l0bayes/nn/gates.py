@@ -90,6 +90,7 @@ class HardConcreteGate(nn.Module):
         self.site_name = None  # set by pyro_gates()
         self.prior = None
         self._value = None  # set by GateSet.sampled()
+        self._num_open = None  # the number of nonzero entries of _value, counted by GateSet.sampled()
 
     def extra_repr(self):
         return f"num_gates={self.num_gates}, group_size={self.group_size}, temperature={self.temperature:.4g}"
@@ -107,6 +108,10 @@ class HardConcreteGate(nn.Module):
         if self.training:
             return hard_concrete_rsample(self.log_alpha, self.temperature, self.lower, self.upper)
         return self.deterministic()
+
+    def num_open(self, z):
+        """The number of nonzero entries of ``z`` if this gate has already counted them for its draw, else ``None``."""
+        return self._num_open if z is self._value else None
 
     def deterministic(self):
         """Eq. 13, the test-time gate."""

@@ -10,9 +10,9 @@ fully connected layer and one gate per *output feature map* of a convolution. Th
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .gated_ops import CONDITIONAL_MODES, gated_conv2d, gated_linear
 from .gates import HardConcreteGate
 
 WEIGHT_INITS = ("torch", "he")
@@ -59,6 +59,18 @@ class L0Layer(nn.Module):
     """
 
     gate: HardConcreteGate
+
+    #: Conditional computation (:mod:`l0bayes.nn.gated_ops`): ``"auto"`` computes only the groups
+    #: whose sampled gate is open when a measured rule says it pays, ``True`` whenever a gate is
+    #: closed, ``False`` never. Exact in every mode (same loss and parameter gradients).
+    conditional = "auto"
+
+    def set_conditional(self, mode):
+        """Set :attr:`conditional` (one of ``"auto"``, ``True``, ``False``); returns ``self``."""
+        if not any(mode is m or (isinstance(m, str) and mode == m) for m in CONDITIONAL_MODES):
+            raise ValueError(f"conditional must be one of {CONDITIONAL_MODES}, got {mode!r}")
+        self.conditional = mode
+        return self
 
     @property
     def num_gates(self):
@@ -150,10 +162,11 @@ class L0Linear(L0Layer):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
     def forward(self, x):
+        # Scaling x (batch x in) rather than W's columns (out x in), with the gates' gradient taken
+        # from the weight gradient when x needs none, and only the open columns when that pays
+        # (l0bayes.nn.gated_ops).
         z = self.gate()
-        # Scaling x (batch x in) rather than W's columns (out x in): measured the cheaper of the two
-        # at minibatch sizes, even for a first layer where it costs an input-gradient product.
-        return F.linear(x * z, self.weight, self.bias)
+        return gated_linear(x, z, self.weight, self.bias, self.conditional, self.gate.num_open(z))
 
     def expected_l2(self):
         r"""Eq. 17 (Eq. 15 per group): :math:`\sum_g q(z_g \ne 0) \sum_{j \in g} \tilde\theta_j^2 + \|b\|^2`.
@@ -234,8 +247,10 @@ class L0Conv2d(L0Layer):
 
     def forward(self, x):
         z = self.gate()
-        y = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
-        return y * z[..., :, None, None]
+        return gated_conv2d(
+            x, z, self.weight, self.bias, self.stride, self.padding, self.dilation, self.conditional,
+            self.gate.num_open(z),
+        )  # fmt: skip
 
     def expected_l2(self):
         r"""Eq. 17: :math:`\sum_c q(z_c \ne 0) \left(\sum_{j \in g_c} \tilde\theta_j^2 + b_c^2\right)`.
