@@ -84,6 +84,9 @@ def test_save_is_atomic_and_leaves_no_temporary_file(tmp_path):
     state = load_checkpoint(path)
     assert state["epoch"] == 2 and torch.equal(state["t"], torch.arange(4))
     assert os.listdir(tmp_path) == ["c.pt"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask  # the file mode a plain open() would give
 
 
 def test_save_refuses_what_a_safe_load_cannot_read(tmp_path):

@@ -37,6 +37,7 @@ def save_checkpoint(path, state):
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make the checkpoint private to its writer
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()
@@ -48,6 +49,12 @@ def save_checkpoint(path, state):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def load_checkpoint(path, map_location="cpu", required=()):
