@@ -21,6 +21,8 @@ from .prune import (
     flops,
     prune,
 )
+from .sparsify import GatedLayer, Group, GroupGate, sparsify, strip_gates
+from .wrn import WideResNet, l0_wide_resnet
 
 __all__ = [
     "HardConcreteGate",
@@ -50,4 +52,11 @@ __all__ = [
     "expected_flops",
     "flops",
     "prune",
+    "GatedLayer",
+    "Group",
+    "GroupGate",
+    "sparsify",
+    "strip_gates",
+    "WideResNet",
+    "l0_wide_resnet",
 ]
