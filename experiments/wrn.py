@@ -106,7 +106,7 @@ def train_dense(args, x, y, x_test, y_test):
     return net, history
 
 
-def train_l0(args, run, x, y, x_test, y_test):
+def train_l0(args, run, x, y, x_test, y_test, out):
     torch.manual_seed(args.seed)
     net = l0_wide_resnet(args.depth, args.width, num_classes=10, in_channels=1, init_drop_rate=args.init_drop_rate)
     model = SparseClassifier(net, lam=args.lam if run == "penalized" else 0.0)
@@ -124,6 +124,7 @@ def train_l0(args, run, x, y, x_test, y_test):
         test_data=(x_test, y_test),
         input_shape=(1, 32, 32),
         progress=False,
+        checkpoint=str(out / "checkpoint.pt"),  # holds the history so far after every epoch
         **extra,
     )
     for record in result.history:
@@ -152,7 +153,7 @@ def run_one(args, run, out, data):
         torch.save(net.state_dict(), out / "model.pt")
         summary = {"flops": flops(net, (1, 32, 32)), "test_error": history[-1]["test_error"]}
     else:
-        net, history = train_l0(args, run, x, y, x_test, y_test)
+        net, history = train_l0(args, run, x, y, x_test, y_test, out)
         torch.save(net.state_dict(), out / "model.pt")
         pruned = prune(net)
         summary = {
