@@ -394,3 +394,17 @@ def test_l0_wide_resnet_gate_placement():
         assert block.conv1.gated_batch_norm is block.bn2
         # the paper's init: log_alpha ~ N(logit(1 - 0.3), 0.01^2)
         assert float(gate.log_alpha.detach().mean()) == pytest.approx(math.log(0.7 / 0.3), abs=0.01)
+
+
+def test_analysis_functions_read_a_sparsified_model():
+    pytest.importorskip("arviz")
+    from l0bayes.analysis import layer_summary, pruned_architecture, to_inference_data
+
+    gated = _trained_like(layers=["block1.conv1", "fc2"])
+    idata = to_inference_data(SparseClassifier(gated), num_draws=50, num_chains=2)
+    table = layer_summary(idata)
+    assert list(table.index) == ["block1.conv1", "fc2"]
+    assert list(table["num_gates"]) == [6, 12] and list(table["group_size"]) == [54, 3]
+    assert pruned_architecture(idata) == architecture(gated)
+    q = _q(gated.fc2.gate.log_alpha.detach())
+    assert table.loc["fc2", "expected_active"] == pytest.approx(float(q.sum()), rel=1e-5)
