@@ -15,8 +15,8 @@ markdown table hold test errors, architectures and FLOPs; ``OUT/flops.png`` draw
 The paper's WRN-28-10 schedule (SGD 0.1, 200 epochs, drops at 60/120/160, lambda 0.001) needs a GPU;
 on a CPU use WRN-16-4, a training subset (``--train-size``) and few epochs::
 
-    python experiments/wrn.py --depth 16 --width 4 --train-size 2000 --test-size 1000 --epochs 5 \\
-        --lr 0.01 --threads 1 --out runs/wrn
+    python experiments/wrn.py --depth 16 --width 4 --train-size 1000 --test-size 500 --epochs 4 \\
+        --lr 0.02 --threads 1 --out runs/wrn
 """
 
 import argparse

@@ -408,3 +408,29 @@ def test_analysis_functions_read_a_sparsified_model():
     assert pruned_architecture(idata) == architecture(gated)
     q = _q(gated.fc2.gate.log_alpha.detach())
     assert table.loc["fc2", "expected_active"] == pytest.approx(float(q.sum()), rel=1e-5)
+
+
+def test_wrn_experiment_script_end_to_end(tmp_path, capsys):
+    """experiments/wrn.py on a tiny MNIST-format fixture: trains, prunes, exports, refuses to overwrite."""
+    import importlib.util
+    import json
+    import pathlib
+
+    from idx_fixtures import write_mnist_dir
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("wrn_script", root / "experiments" / "wrn.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    write_mnist_dir(tmp_path / "mnist", n_train=20, n_test=10)
+    out = tmp_path / "runs"
+    argv = ["--data", "mnist-dir", "--data-dir", str(tmp_path / "mnist"), "--depth", "10", "--width", "1",
+            "--epochs", "1", "--batch-size", "10", "--out", str(out), "--runs", "constrained"]  # fmt: skip
+    assert script.main(argv) == 0
+    summary = json.loads((out / "constrained" / "summary.json").read_text())
+    assert summary["export_max_abs_diff"] < 1e-4 and summary["test_error"] == summary["test_error_pruned"]
+    history = json.loads((out / "constrained" / "history.json").read_text())
+    assert len(history) == 1 and history[0]["expected_flops"] <= summary["flops"]
+    assert (out / "constrained" / "pruned.pt2").stat().st_size > 0
+    assert script.main(argv) == 2  # an existing run is never overwritten
+    assert "| constrained |" in capsys.readouterr().out
