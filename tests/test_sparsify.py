@@ -183,7 +183,7 @@ def test_one_gate_draw_per_forward_in_training():
 def test_penalty_and_gradients_in_a_users_own_loop():
     gated = sparsify(ResNet(), example_inputs=_x())
     expected_l0 = sum(gate.group_size * _q(gate.log_alpha).sum() for _, gate in gates_of(gated))
-    assert float(penalty(gated, 0.01).detach()) == pytest.approx(0.01 * float(expected_l0), rel=1e-6)
+    assert float(penalty(gated, 0.01).detach()) == pytest.approx(0.01 * float(expected_l0.detach()), rel=1e-6)
     conv = gated.block1.conv1
     l2 = (_q(conv.gate.log_alpha) * conv.weight.pow(2).sum((1, 2, 3))).sum()
     assert float(conv.expected_l2()) == pytest.approx(float(l2), rel=1e-6)
