@@ -23,6 +23,8 @@ from .prune import (
     flops,
     prune,
 )
+from .sparsify import GatedLayer, Group, GroupGate, sparsify, strip_gates
+from .wrn import WideResNet, l0_wide_resnet
 
 __all__ = [
     "HardConcreteGate",
@@ -56,4 +58,11 @@ __all__ = [
     "test_time_density",
     "load_pruned",
     "save_pruned",
+    "GatedLayer",
+    "Group",
+    "GroupGate",
+    "sparsify",
+    "strip_gates",
+    "WideResNet",
+    "l0_wide_resnet",
 ]

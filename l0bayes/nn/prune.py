@@ -39,6 +39,7 @@ from torch import nn
 from .gates import HardConcreteGate
 from .layers import L0Conv2d, L0Linear
 from .penalty import l0_layers
+from .sparsify import GatedLayer, GroupGate
 
 _LINEAR = (L0Linear, nn.Linear)
 _CONV = (L0Conv2d, nn.Conv2d)
@@ -66,21 +67,22 @@ _CHANNELWISE = (nn.Sigmoid, nn.Softplus)
 
 
 class SelectFeatures(nn.Module):
-    """Parameter-free selection of the kept units along dimension 1: ``x.index_select(1, index)``.
+    """Parameter-free selection of the kept units along dimension ``dim``: ``x.index_select(dim, index)``.
 
     ``index`` is a buffer (moves with ``.to()``, no parameters, no FLOPs counted).
     """
 
-    def __init__(self, index, num_inputs):
+    def __init__(self, index, num_inputs, dim=1):
         super().__init__()
         self.register_buffer("index", torch.as_tensor(index, dtype=torch.long))
         self.num_inputs = int(num_inputs)
+        self.dim = int(dim)
 
     def extra_repr(self):
-        return f"{self.index.numel()} of {self.num_inputs}"
+        return f"{self.index.numel()} of {self.num_inputs}" + (f", dim={self.dim}" if self.dim != 1 else "")
 
     def forward(self, x):
-        return x.index_select(1, self.index)
+        return x.index_select(self.dim, self.index)
 
 
 # ---------------------------------------------------------------------------- the walk
@@ -212,9 +214,31 @@ def _dense_copy(layer, keep_in, keep_out):
     return new
 
 
+def _is_sparsified(module):
+    return any(isinstance(m, (GatedLayer, GroupGate)) for m in module.modules())
+
+
+def _example_inputs(module, example_inputs):
+    if example_inputs is None:
+        example_inputs = getattr(module, "_l0_example_inputs", None)
+    if example_inputs is None:
+        raise ValueError("pruning a model of sparsify() needs example_inputs (a tensor the model accepts)")
+    return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+
+
 @torch.no_grad()
-def prune(module):
-    r"""A plain dense ``nn.Sequential`` equal to ``module`` in ``eval()`` mode, with closed groups removed.
+def prune(module, example_inputs=None):
+    r"""A plain dense module equal to ``module`` in ``eval()`` mode, with closed groups removed.
+
+    A model of :func:`~l0bayes.nn.sparsify` (any architecture, residual connections and batch norm
+    included) is pruned through its dependency graph: see :mod:`l0bayes.nn.dependency` for what is
+    removed. The result is the model's own class with smaller layers (and a
+    :class:`SelectFeatures` in front of a linear layer whose closed inputs stay in use elsewhere),
+    without gates or hooks; it exports with :func:`torch.export.export`. ``example_inputs`` (a tensor
+    or tuple of tensors the model accepts) defaults to the one given to :func:`~l0bayes.nn.sparsify`.
+
+    Otherwise ``module`` is an ``nn.Sequential`` of L0 layers (:class:`~l0bayes.nn.L0MLP`,
+    :class:`~l0bayes.nn.L0LeNet5`, ...) and the result a plain ``nn.Sequential``:
 
     Input neurons and feature maps whose Eq. 13 gate is 0 are physically removed (smaller
     weight tensors), as are the producer units that only feed closed inputs (an output neuron of
@@ -225,6 +249,10 @@ def prune(module):
     :class:`L0Conv2d`). Contains only ``nn.Linear``, ``nn.Conv2d``, copies of the other layers and
     :class:`SelectFeatures`; returned in ``eval()`` mode. See the module docstring for the rules.
     """
+    if _is_sparsified(module):
+        from .dependency import prune_graph
+
+        return prune_graph(module, _example_inputs(module, example_inputs))
     leaves = _leaves(module)
     keep_in, keep_out, selects = {}, {}, {}
     for seg in _segments(leaves):
@@ -339,7 +367,14 @@ def expected_flops(module, input_shape):
     P(at least one of the inputs it feeds is open); network inputs and outputs, and ungated
     units, count with probability 1. With gates that are almost surely 0 or 1 this equals
     ``flops(prune(module), input_shape)``. Returns a differentiable 0-d tensor (it can be penalised).
+
+    For a model of :func:`~l0bayes.nn.sparsify` the same counting follows the units that
+    :func:`prune` can remove (:func:`l0bayes.nn.dependency.structure`): a removable output channel
+    is active with its gate's :math:`q(z \ne 0)` in its layer and in every layer that reads it, a
+    gated input neuron of a linear layer with its own :math:`q`; all other units count with probability 1.
     """
+    if _is_sparsified(module):
+        return _expected_flops_graph(module, input_shape)
     out_shapes = {}
     for layer, out_shape in _trace(module, input_shape):
         if id(layer) in out_shapes:
@@ -373,6 +408,47 @@ def expected_flops(module, input_shape):
     for i, (_, layer) in enumerate(leaves):
         if isinstance(layer, _WEIGHT):
             total = total + _layer_flops(layer, e_in[i], e_out[i], _positions(layer, out_shapes[id(layer)]))
+    return total
+
+
+def _expected_flops_graph(module, input_shape):
+    from .dependency import structure
+
+    calls = _trace(module, input_shape)
+    names = {id(m): n for n, m in module.named_modules()}
+    p = next(module.parameters())
+    x = torch.zeros((1, *((int(input_shape),) if isinstance(input_shape, int) else input_shape)), dtype=p.dtype)
+    factors = {}  # (layer name, "in" / "out") -> tensor of activity probabilities
+
+    def scale(name, side, idxs, q):
+        layer = module.get_submodule(name)
+        n = _in_units(layer) if side == "in" else _out_units(layer)
+        current = factors.get((name, side), torch.ones(n, dtype=q.dtype, device=q.device))
+        idx = torch.as_tensor(idxs, dtype=torch.long, device=q.device)
+        factors[(name, side)] = current * torch.ones_like(current).index_copy(0, idx, q)
+
+    for unit, items in structure(module, (x.to(p.device),)):
+        q = unit.layer.prob_nonzero()
+        if unit.kind == "in":
+            scale(unit.root, "in", list(range(q.numel())), q)
+        if items is None:
+            continue
+        for name, item in items:
+            target = item.dep.target.module
+            if not isinstance(target, _WEIGHT) or name is None:
+                continue
+            root = torch.as_tensor(item.root_idxs, dtype=torch.long, device=q.device)
+            side = "out" if item.dep.handler.__name__ == "prune_out_channels" else "in"
+            if unit.kind == "out" or (side == "out" and len(item.idxs) == q.numel()):
+                if not (unit.kind == "in" and name == unit.root):
+                    scale(name, side, list(item.idxs), q[root])
+    total = torch.zeros((), dtype=p.dtype, device=p.device)
+    for layer, out_shape in calls:
+        name = names[id(layer)]
+        groups = layer.groups if isinstance(layer, nn.Conv2d) else 1
+        e_in = factors[(name, "in")].sum() if (name, "in") in factors else _in_units(layer)
+        e_out = factors[(name, "out")].sum() if (name, "out") in factors else _out_units(layer)
+        total = total + _layer_flops(layer, e_in / groups, e_out, _positions(layer, out_shape))
     return total
 
 

@@ -1,0 +1,122 @@
+"""CPU inference speed of a pruned Wide ResNet against the dense one, next to their FLOP ratio (issue 14).
+
+For each closed fraction ``f`` the gates of a WRN-d-k with the paper's placement
+(:func:`~l0bayes.nn.l0_wide_resnet`, one gate per output channel of every block's first
+convolution) are set so that a fraction ``f`` of every gated layer's channels is closed (Eq. 13
+gate 0) and the rest fully open; the model is pruned (:func:`~l0bayes.nn.prune`), exported with
+``torch.export`` and loaded back, and the loaded module is timed against the dense
+:class:`~l0bayes.nn.WideResNet` of the same size, interleaved (dense, pruned, dense, pruned, ...) in
+one process, one thread, ``eval()`` mode, no gradients. ``--state`` times a trained model instead
+(``model.pt`` of ``experiments/wrn.py``, loaded with ``weights_only=True``).
+
+Reported: FLOP ratio (dense / pruned), measured speedup (median over repeats of dense time / pruned
+time), and speedup / FLOP ratio (the issue asks for at least 0.8)::
+
+    python benchmarks/bench_pruned_speed.py --depth 16 --width 4 --batch-size 64 --fractions 0.25 0.5 0.75
+"""
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tables import format_table  # noqa: E402
+
+from l0bayes.nn import WideResNet, flops, gates_of, l0_wide_resnet, prune  # noqa: E402
+
+
+def closed_model(depth, width, fraction, in_channels, seed=0):
+    """An L0 WRN with ``fraction`` of every gated layer's channels closed (random channels) and random BN stats."""
+    generator = torch.Generator().manual_seed(seed)
+    net = l0_wide_resnet(depth, width, in_channels=in_channels)
+    with torch.no_grad():
+        for _, gate in gates_of(net):
+            closed = torch.randperm(gate.num_gates, generator=generator)[: round(fraction * gate.num_gates)]
+            gate.log_alpha.fill_(30.0)
+            gate.log_alpha[closed] = -30.0
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1, generator=generator)
+                m.running_var.uniform_(0.5, 1.5, generator=generator)
+    return net.eval()
+
+
+def exported(pruned, example):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "pruned.pt2"
+        torch.export.save(torch.export.export(pruned, (example,)), str(path))
+        return torch.export.load(str(path)).module()
+
+
+@torch.no_grad()
+def time_pair(dense, pruned, x, repeats):
+    """Interleaved wall times of ``dense(x)`` and ``pruned(x)``: lists of seconds."""
+    dense(x), pruned(x)  # warm-up
+    t_dense, t_pruned = [], []
+    for _ in range(repeats):
+        for model, times in ((dense, t_dense), (pruned, t_pruned)):
+            start = time.perf_counter()
+            model(x)
+            times.append(time.perf_counter() - start)
+    return t_dense, t_pruned
+
+
+def measure(label, gated, dense, args, in_channels):
+    shape = (in_channels, 32, 32)
+    x = torch.randn(args.batch_size, *shape, generator=torch.Generator().manual_seed(1))
+    pruned = prune(gated)
+    loaded = exported(pruned, x)  # the batch size is specialised by torch.export
+    with torch.no_grad():
+        err = float((loaded(x) - gated(x)).abs().max())
+    ratio = flops(dense, shape) / flops(pruned, shape)
+    t_dense, t_pruned = time_pair(dense.eval(), loaded, x, args.repeats)
+    speedups = [d / p for d, p in zip(t_dense, t_pruned, strict=True)]
+    speedup = statistics.median(speedups)
+    return [
+        label,
+        f"{flops(pruned, shape) / 1e6:.0f}M",
+        f"{ratio:.2f}x",
+        f"{statistics.median(t_dense) * 1e3:.0f}",
+        f"{statistics.median(t_pruned) * 1e3:.0f}",
+        f"{speedup:.2f}x",
+        f"{speedup / ratio:.2f}",
+        f"{err:.1e}",
+    ]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--depth", type=int, default=16)
+    p.add_argument("--width", type=int, default=4)
+    p.add_argument("--in-channels", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--fractions", type=float, nargs="*", default=[0.25, 0.5, 0.75])
+    p.add_argument("--state", default=None, help="model.pt of a trained L0 run of experiments/wrn.py")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dense = WideResNet(args.depth, args.width, in_channels=args.in_channels).eval()
+    rows = []
+    for fraction in args.fractions:
+        gated = closed_model(args.depth, args.width, fraction, args.in_channels)
+        rows.append(measure(f"{fraction:.2f} closed", gated, dense, args, args.in_channels))
+        print(rows[-1], flush=True)
+    if args.state:
+        gated = l0_wide_resnet(args.depth, args.width, in_channels=args.in_channels)
+        gated.load_state_dict(torch.load(args.state, weights_only=True))
+        rows.append(measure(f"trained ({Path(args.state).parent.name})", gated.eval(), dense, args, args.in_channels))
+    header = ["model", "FLOPs", "FLOP ratio", "dense ms", "pruned ms", "speedup", "speedup / FLOP ratio", "max |diff|"]
+    print(format_table(header, rows, markdown=args.markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""The paper's Wide ResNet experiment (Section 4.2, Fig. 4) on Fashion-MNIST padded to 32x32.
+
+Runs, each in ``OUT/<run>/``:
+
+* ``dense``: the dense :class:`~l0bayes.nn.WideResNet` (same optimiser, steps and data);
+* ``penalized``: the L0 WRN (:func:`~l0bayes.nn.l0_wide_resnet`, gates on the first convolution of
+  every block, initial drop rate 0.3) trained with ``train(objective="penalized")`` and ``--lam``;
+* ``constrained``: the same with ``train(objective="constrained", target_density=--target)``.
+
+Each L0 run records the expected FLOPs after every epoch (Fig. 4), prunes the trained model
+(:func:`~l0bayes.nn.prune`), checks the pruned model against the gated one and saves it with
+``torch.export.save`` (``pruned.pt2``, loads without unpickling). ``OUT/summary.json`` and the printed
+markdown table hold test errors, architectures and FLOPs; ``OUT/flops.png`` draws Fig. 4.
+
+The paper's WRN-28-10 schedule (SGD 0.1, 200 epochs, drops at 60/120/160, lambda 0.001) needs a GPU;
+on a CPU use WRN-16-4, a training subset (``--train-size``) and few epochs::
+
+    python experiments/wrn.py --depth 16 --width 4 --train-size 1000 --test-size 500 --epochs 4 \\
+        --lr 0.02 --threads 1 --out runs/wrn
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from l0bayes.data import load_dataset
+from l0bayes.inference import train
+from l0bayes.models import SparseClassifier
+from l0bayes.nn import WideResNet, architecture, flops, l0_wide_resnet, prune
+
+RUNS = ("dense", "penalized", "constrained")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="output directory; OUT/<run> must not exist yet")
+    p.add_argument("--summarize-only", action="store_true", help="table and figure of the runs found in OUT")
+    p.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    p.add_argument("--data", default="fashion-mnist", help="a data set of l0bayes.data.load_dataset")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--depth", type=int, default=16)
+    p.add_argument("--width", type=int, default=4)
+    p.add_argument("--train-size", type=int, default=2000, help="training subset (0: all)")
+    p.add_argument("--test-size", type=int, default=1000, help="test subset (0: all)")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=50)
+    p.add_argument("--lr", type=float, default=0.01, help="Adam step size (all parameters)")
+    p.add_argument("--lam", type=float, default=0.001, help="penalised run: nats per active parameter")
+    p.add_argument("--target", type=float, default=0.5, help="constrained run: target expected density")
+    p.add_argument("--init-drop-rate", type=float, default=0.3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def load(args):
+    """Images padded from 28x28 to 32x32 (zeros), seeded subsets of train and test."""
+    data = load_dataset(args.data, data_dir=args.data_dir, seed=args.seed)
+    generator = torch.Generator().manual_seed(args.seed)
+
+    def subset(x, y, n):
+        if n and n < x.shape[0]:
+            idx = torch.randperm(x.shape[0], generator=generator)[:n]
+            x, y = x[idx], y[idx]
+        size = x.shape[-1]
+        pad = (32 - size) // 2
+        return F.pad(x, (pad, 32 - size - pad, pad, 32 - size - pad)).contiguous(), y
+
+    return (*subset(data.x_train, data.y_train, args.train_size), *subset(data.x_test, data.y_test, args.test_size))
+
+
+def error_rate(net, x, y, batch_size=200):
+    net.eval()
+    with torch.no_grad():
+        wrong = sum(
+            int((net(x[i : i + batch_size]).argmax(-1) != y[i : i + batch_size]).sum())
+            for i in range(0, len(x), batch_size)
+        )
+    return wrong / len(x)
+
+
+def train_dense(args, x, y, x_test, y_test):
+    """The dense baseline with the same optimiser, minibatches and number of steps as ``train()``."""
+    torch.manual_seed(args.seed)
+    net = WideResNet(args.depth, args.width, num_classes=10, in_channels=1)
+    optimizer = torch.optim.Adam(net.parameters(), lr=args.lr)
+    shuffle = torch.Generator().manual_seed(args.seed)
+    history = []
+    for epoch in range(args.epochs):
+        net.train()
+        start = time.perf_counter()
+        order = torch.randperm(x.shape[0], generator=shuffle)
+        for i in range(0, x.shape[0], args.batch_size):
+            idx = order[i : i + args.batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(net(x[idx]), y[idx]).backward()
+            optimizer.step()
+        wall = time.perf_counter() - start
+        history.append({"epoch": epoch + 1, "test_error": error_rate(net, x_test, y_test), "wall_s": wall})
+        print(f"dense epoch {epoch + 1}: test error {history[-1]['test_error']:.4f} ({wall:.0f} s)", flush=True)
+    return net, history
+
+
+def train_l0(args, run, x, y, x_test, y_test, out):
+    torch.manual_seed(args.seed)
+    net = l0_wide_resnet(args.depth, args.width, num_classes=10, in_channels=1, init_drop_rate=args.init_drop_rate)
+    model = SparseClassifier(net, lam=args.lam if run == "penalized" else 0.0)
+    extra = {"target_density": args.target} if run == "constrained" else {}
+    result = train(
+        model,
+        x,
+        y,
+        objective=run,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        device="cpu",
+        seed=args.seed,
+        test_data=(x_test, y_test),
+        input_shape=(1, 32, 32),
+        progress=False,
+        checkpoint=str(out / "checkpoint.pt"),  # holds the history so far after every epoch
+        **extra,
+    )
+    for record in result.history:
+        print(
+            f"{run} epoch {record['epoch']}: test error {record['test_error']:.4f}, "
+            f"expected FLOPs {record['expected_flops']:.4g}, gates {record['active_gates']} ({record['wall_s']:.0f} s)",
+            flush=True,
+        )
+    return net.eval(), result.history
+
+
+def export(net, pruned, path):
+    """Save ``pruned`` with torch.export, load it back and check it against the gated ``net``."""
+    example = torch.randn(8, 1, 32, 32, generator=torch.Generator().manual_seed(1))
+    torch.export.save(torch.export.export(pruned, (example,)), str(path))
+    loaded = torch.export.load(str(path)).module()
+    with torch.no_grad():
+        return float((loaded(example) - net(example)).abs().max())
+
+
+def run_one(args, run, out, data):
+    x, y, x_test, y_test = data
+    start = time.perf_counter()
+    if run == "dense":
+        net, history = train_dense(args, x, y, x_test, y_test)
+        torch.save(net.state_dict(), out / "model.pt")
+        summary = {"flops": flops(net, (1, 32, 32)), "test_error": history[-1]["test_error"]}
+    else:
+        net, history = train_l0(args, run, x, y, x_test, y_test, out)
+        torch.save(net.state_dict(), out / "model.pt")
+        pruned = prune(net)
+        summary = {
+            "architecture": architecture(net),
+            "flops": flops(net, (1, 32, 32)),
+            "flops_pruned": flops(pruned, (1, 32, 32)),
+            "expected_flops": history[-1]["expected_flops"],
+            "test_error": history[-1]["test_error"],
+            "test_error_pruned": error_rate(pruned, x_test, y_test),
+            "export_max_abs_diff": export(net, pruned, out / "pruned.pt2"),
+        }
+    summary["wall_s"] = time.perf_counter() - start
+    (out / "history.json").write_text(json.dumps(history, indent=1))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return history, summary
+
+
+def table(summaries):
+    lines = [
+        "| run | test error | architecture (open gates per block) | FLOPs | FLOPs pruned | E[FLOPs] | wall |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run, s in summaries.items():
+        pruned, expected = s.get("flops_pruned", s["flops"]), s.get("expected_flops", s["flops"])
+        lines.append(
+            f"| {run} | {s['test_error']:.4f} | {s.get('architecture', '-')} | {s['flops'] / 1e6:.1f}M | "
+            f"{pruned / 1e6:.1f}M | {expected / 1e6:.1f}M | {s['wall_s']:.0f} s |"
+        )
+    return "\n".join(lines)
+
+
+def figure(histories, dense_flops, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from l0bayes.analysis import plot_expected_flops
+
+    l0 = {run: h for run, h in histories.items() if run != "dense"}
+    if not l0:
+        return
+    fig, _ = plot_expected_flops(l0, dense_flops={"dense": dense_flops})
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = pathlib.Path(args.out)
+    histories, summaries = {}, {}
+    if args.summarize_only:
+        for run in RUNS:
+            if (out / run / "summary.json").exists():
+                histories[run] = json.loads((out / run / "history.json").read_text())
+                summaries[run] = json.loads((out / run / "summary.json").read_text())
+    else:
+        taken = [run for run in args.runs if (out / run).exists()]
+        if taken:
+            print(f"{out}: runs {taken} exist already; choose another --out", file=sys.stderr)
+            return 2
+        out.mkdir(parents=True, exist_ok=True)
+        data = load(args)
+        for run in args.runs:
+            (out / run).mkdir()
+            (out / run / "args.json").write_text(json.dumps(vars(args), indent=1))
+            histories[run], summaries[run] = run_one(args, run, out / run, data)
+    print(table(summaries))
+    dense_flops = flops(WideResNet(args.depth, args.width, in_channels=1), (1, 32, 32))
+    figure(histories, dense_flops, out / "flops.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
