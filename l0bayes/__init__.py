@@ -4,4 +4,12 @@ from .distributions import HardConcrete, StretchedConcrete, kl_hard_concrete
 
 __version__ = "0.1.0"
 
-__all__ = ["HardConcrete", "StretchedConcrete", "kl_hard_concrete", "__version__"]
+__all__ = ["HardConcrete", "StretchedConcrete", "kl_hard_concrete", "select_variables", "__version__"]
+
+
+def __getattr__(name):
+    if name == "select_variables":  # imported on first use: it pulls in Pyro
+        from .models.selection import select_variables
+
+        return select_variables
+    raise AttributeError(f"module 'l0bayes' has no attribute {name!r}")

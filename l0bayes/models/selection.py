@@ -1,0 +1,482 @@
+r"""Variable selection for people who are not Pyro users: :func:`select_variables`.
+
+Gaussian family (the default). Three steps, each chosen by measurement (the variable-selection
+guide of the docs has the numbers):
+
+1. Standardise: every column of ``X`` is centred and scaled to unit sample standard deviation
+   (``ddof=1``), ``y`` is centred (not scaled). ``slab_scale`` (the prior sd of a coefficient)
+   and ``noise_scale`` are therefore in units of ``y`` per standard deviation of a feature,
+   exactly the model of :func:`~l0bayes.analysis.exact_inclusion_probabilities` applied to the
+   standardised data.
+2. Fit a structured guide, a sum of single effects
+   (:func:`~l0bayes.inference.single_effects.fit_single_effects`): each effect picks one of a
+   group of correlated features and spreads its probability over the group, where a mean-field
+   guide commits to one member. The number of effects grows until one stays empty, and the
+   fit stops when its ELBO has stabilised.
+3. Check and correct: the fit's probabilities define a product-Bernoulli proposal; its draws are
+   reweighted to the exact collapsed posterior of the spike-and-slab model with
+   ``prior_inclusion``, ``slab_scale`` and ``noise_scale`` (Pareto-smoothed importance sampling,
+   :mod:`l0bayes.analysis.importance`), in two or three adaptive rounds. With Pareto
+   :math:`\hat k \le 0.7` the reweighted probabilities are returned (they estimate the exact
+   ones); above, the fit's own probabilities are returned and the result says they are not
+   checked.
+
+Bernoulli family: the mean-field hard concrete model
+(:class:`~l0bayes.models.SparseLogisticRegression`, Gaussian slab) fitted full batch until the
+free energy stabilises; its draws :math:`(z, \tilde\theta)` are reweighted to the exact joint
+density (the mixed log-density of the gates, Eq. 26, and the slab), with the same
+:math:`\hat k` diagnostic.
+"""
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..analysis.importance import KHAT_THRESHOLD, importance_check, psis
+from ..inference.single_effects import fit_single_effects
+from ..nn.gates import prior_like
+
+FAMILIES = ("gaussian", "bernoulli")
+UNRELIABLE = (
+    "Pareto k-hat = {khat:.2f} > 0.7: these inclusion probabilities could not be checked against the "
+    "exact posterior; do not trust individual probabilities, trust only the credible sets (if any)."
+)
+
+
+@dataclass
+class SelectionResult:
+    r"""What :func:`select_variables` returns.
+
+    :ivar inclusion_probabilities: ``(p,)`` numpy, :math:`P(\gamma_j = 1 \mid y)`.
+    :ivar coefficients: ``(p,)`` numpy, posterior mean coefficients in the units of the
+        original ``X`` and ``y``.
+    :ivar credible_sets: list of arrays of feature indices, each a 95% set that holds one effect
+        (Gaussian family; minimum absolute correlation within a set at least 0.5).
+    :ivar khat: Pareto :math:`\hat k` of the importance check; ``reliable`` is
+        :math:`\hat k \le 0.7`.
+    :ivar method: how the probabilities were obtained (``"reweighted"`` or ``"variational"``).
+    :ivar prior_inclusion, slab_scale, noise_scale: the model the probabilities refer to
+        (standardised units, see :func:`select_variables`).
+    :ivar variational_probabilities: ``(p,)`` the fit's probabilities before reweighting.
+    :ivar feature_names: names of the features.
+    :ivar details: everything else (ELBO trace, number of effects, ESS, seconds).
+    """
+
+    inclusion_probabilities: np.ndarray
+    coefficients: np.ndarray
+    credible_sets: list
+    khat: float
+    method: str
+    family: str
+    prior_inclusion: float
+    slab_scale: float
+    noise_scale: float
+    variational_probabilities: np.ndarray
+    feature_names: list
+    draws: np.ndarray = field(repr=False, default=None)
+    log_weights: np.ndarray = field(repr=False, default=None)
+    details: dict = field(default_factory=dict)
+
+    @property
+    def reliable(self):
+        r"""``True`` when the importance check passed (:math:`\hat k \le 0.7`)."""
+        return bool(self.khat <= KHAT_THRESHOLD)
+
+    @property
+    def diagnostic(self):
+        """One line: when (not) to trust the probabilities."""
+        if self.reliable:
+            return (
+                f"Pareto k-hat = {self.khat:.2f} <= 0.7: the probabilities are importance-reweighted to the "
+                "exact posterior of the stated model and can be trusted up to Monte Carlo error."
+            )
+        return UNRELIABLE.format(khat=self.khat)
+
+    def selected(self, threshold=0.5):
+        """Indices of the features whose inclusion probability exceeds ``threshold`` (median probability model)."""
+        return np.flatnonzero(self.inclusion_probabilities > threshold)
+
+    def summary(self):
+        """A pandas table: probability, coefficient and credible set of every feature, most probable first."""
+        import pandas as pd
+
+        cs = np.full(len(self.feature_names), -1)
+        for k, members in enumerate(self.credible_sets):
+            cs[members] = k
+        table = pd.DataFrame(
+            {
+                "inclusion": self.inclusion_probabilities,
+                "variational": self.variational_probabilities,
+                "coefficient": self.coefficients,
+                "credible_set": cs,
+            },
+            index=pd.Index(self.feature_names, name="feature"),
+        )
+        return table.sort_values("inclusion", ascending=False)
+
+    def to_inference_data(self, num_draws=1000, seed=0):
+        r"""An :class:`arviz.InferenceData`: ``posterior["gamma"]`` with dims ``(chain, draw, feature)``.
+
+        The draws are resampled from the importance-weighted proposal draws (with the weights,
+        so their means are :attr:`inclusion_probabilities` up to Monte Carlo error; when the
+        check failed the weights are still used and :attr:`reliable` is ``False``). The
+        ``selection`` group holds ``inclusion``, ``variational`` and ``coefficient`` per
+        feature; its ``attrs`` hold ``khat``, ``reliable``, ``method`` and the prior.
+        """
+        from ..analysis.inference_data import import_arviz
+
+        az = import_arviz()
+        rng = np.random.default_rng(seed)
+        w = np.exp(self.log_weights - np.max(self.log_weights))
+        rows = rng.choice(len(w), size=num_draws, p=w / w.sum())
+        gamma = self.draws[rows].astype(np.int8).reshape(4, num_draws // 4, -1) if num_draws % 4 == 0 else None
+        if gamma is None:
+            gamma = self.draws[rows].astype(np.int8)[None]
+        names = np.asarray(self.feature_names)
+        idata = az.from_dict(posterior={"gamma": gamma}, coords={"feature": names}, dims={"gamma": ["feature"]})
+        import xarray as xr
+
+        selection = xr.Dataset(
+            {
+                "inclusion": ("feature", self.inclusion_probabilities),
+                "variational": ("feature", self.variational_probabilities),
+                "coefficient": ("feature", self.coefficients),
+            },
+            coords={"feature": names},
+            attrs={
+                "khat": self.khat,
+                "reliable": int(self.reliable),
+                "method": self.method,
+                "family": self.family,
+                "prior_inclusion": self.prior_inclusion,
+                "slab_scale": self.slab_scale,
+                "noise_scale": self.noise_scale,
+            },
+        )
+        idata.add_groups({"selection": selection})
+        return idata
+
+    def plot(self, ax=None, top=30, exact=None):
+        """Bar chart of the ``top`` largest probabilities (variational as open bars, ``exact`` as crosses if given).
+
+        Returns ``(fig, ax)``; features in the same credible set share a colour.
+        """
+        from ..analysis.plots import _axes
+
+        fig, ax = _axes(ax, figsize=(6.0, 3.5))
+        order = np.argsort(-self.inclusion_probabilities)[: min(top, len(self.feature_names))]
+        colours = np.full(len(self.feature_names), "0.6", dtype=object)
+        for k, members in enumerate(self.credible_sets):
+            colours[members] = f"C{k % 10}"
+        pos = np.arange(len(order))
+        ax.bar(pos, self.inclusion_probabilities[order], color=list(colours[order]), label=self.method)
+        ax.bar(pos, self.variational_probabilities[order], fill=False, edgecolor="k", lw=0.7, label="variational fit")
+        if exact is not None:
+            ax.plot(pos, np.asarray(exact)[order], "kx", label="exact")
+        ax.set_xticks(pos, [str(self.feature_names[j]) for j in order], rotation=90, fontsize=7)
+        ax.set_ylim(0, 1.02)
+        ax.set_ylabel("inclusion probability")
+        ax.set_title(f"k-hat = {self.khat:.2f} ({'reliable' if self.reliable else 'not checked'})", fontsize=9)
+        ax.legend(fontsize=7)
+        return fig, ax
+
+
+# ------------------------------------------------------------------ inputs
+def _as_tensor(a, name, dtype, device):
+    if isinstance(a, torch.Tensor):
+        t = a.detach().to(device=device, dtype=dtype)
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=dtype, device=device)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{name} must be a numeric array or tensor") from err
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return t
+
+
+def _standardise(x, y, family):
+    """Centre and scale the columns of ``x`` (ddof=1); centre ``y`` for the Gaussian family."""
+    if x.dim() != 2:
+        raise ValueError(f"X must have shape (n, p), got {tuple(x.shape)}")
+    if y.dim() != 1 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"y must have shape ({x.shape[0]},) to match X of shape {tuple(x.shape)}, got {tuple(y.shape)}")
+    n = x.shape[0]
+    if n < 3:
+        raise ValueError(f"need at least 3 observations, got {n}")
+    mean, scale = x.mean(0), x.std(0)
+    constant = torch.nonzero(~(scale > 1e-12 * (1.0 + mean.abs()))).flatten()
+    if constant.numel():
+        raise ValueError(f"X has constant columns {constant.tolist()[:10]}: drop them (they cannot be selected)")
+    if family == "bernoulli":
+        if not bool(((y == 0) | (y == 1)).all()):
+            raise ValueError("family='bernoulli' needs y in {0, 1}")
+        yc = y
+    else:
+        if float(y.std()) == 0.0:
+            raise ValueError("y is constant: nothing to select")
+        yc = y - y.mean()
+    return (x - mean) / scale, yc, mean, scale
+
+
+def _check_hyper(prior_inclusion, slab_scale, noise_scale):
+    if prior_inclusion is not None and not 0.0 < prior_inclusion < 1.0:
+        raise ValueError(f"prior_inclusion must lie in (0, 1), got {prior_inclusion}")
+    for name, v in (("slab_scale", slab_scale), ("noise_scale", noise_scale)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{name} must be positive, got {v}")
+
+
+# ------------------------------------------------------------------ credible sets
+def credible_sets(x, alpha, active, coverage=0.95, min_abs_corr=0.5, max_size=200):
+    """95% credible sets of the single effects: the fewest features holding ``coverage`` of an effect's probability.
+
+    A set is kept when the smallest absolute correlation between two of its members is at
+    least ``min_abs_corr`` (a pure set: all members explain the same signal); duplicates are dropped.
+    """
+    out, seen = [], set()
+    for l in torch.nonzero(active).flatten().tolist():
+        probs, order = torch.sort(alpha[l], descending=True)
+        size = int(torch.searchsorted(torch.cumsum(probs, 0), torch.tensor(coverage, dtype=probs.dtype))) + 1
+        members = tuple(sorted(order[: min(size, probs.numel())].tolist()))
+        if len(members) > max_size or members in seen:
+            continue
+        if len(members) > 1:
+            corr = torch.corrcoef(x[:, list(members)].T).abs()
+            if float(corr.min()) < min_abs_corr:
+                continue
+        seen.add(members)
+        out.append(np.asarray(members))
+    return out
+
+
+# ------------------------------------------------------------------ Gaussian
+def _target_defaults(fit, pip, prior_inclusion, slab_scale, noise_scale):
+    """Empirical-Bayes values of the target model's prior where the user gave none."""
+    p = pip.numel()
+    if noise_scale is None:
+        noise_scale = math.sqrt(fit.noise_variance)
+    if prior_inclusion is None:
+        prior_inclusion = min(max(float(pip.sum()), 1.0) / p, 0.5)
+    if slab_scale is None:
+        coef = fit.coefficients()[pip > 0.5]
+        slab_scale = float(coef.pow(2).mean().sqrt()) if coef.numel() else math.sqrt(float(fit.prior_variance.max()))
+        slab_scale = max(slab_scale, 1e-3 * noise_scale)
+    return float(prior_inclusion), float(slab_scale), float(noise_scale)
+
+
+CORE = 1e-3  # features below this probability are proposed as one exchangeable background block
+
+
+def _proposals(probs, p):
+    """Two product-Bernoulli components: the probabilities, clipped, and a defensive copy flattened towards 1/2.
+
+    Features with a probability below :data:`CORE` keep it (floored at ``0.1/p``) in both.
+    """
+    floor = 0.1 / p
+    clipped = probs.clamp(floor, 1.0 - floor)
+    core = probs >= CORE
+    flat = torch.where(core, (clipped + 0.05) / 1.1, clipped)
+    return torch.stack([clipped, flat])
+
+
+def _reweight(x, y, pip, hyper, num_draws, rounds, generator):
+    """Adaptive importance sampling: round ``r + 1`` proposes from round ``r``'s reweighted probabilities."""
+    p = x.shape[1]
+    probs, check = pip, None
+    for r in range(rounds):
+        check = importance_check(
+            x, y, _proposals(probs, p), *hyper, num_draws=num_draws, generator=generator, threshold=CORE
+        )
+        if r >= 1 and check.reliable:
+            break
+        probs = torch.as_tensor(check.inclusion, dtype=x.dtype, device=x.device)
+    return check
+
+
+def _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts):
+    fit = fit_single_effects(
+        xs,
+        yc,
+        num_effects=opts["num_effects"],
+        noise_variance=None if noise_scale is None else noise_scale**2,
+        tol=opts["tol"],
+        max_iter=opts["max_iter"],
+    )
+    pip = fit.inclusion_probabilities()
+    hyper = _target_defaults(fit, pip, prior_inclusion, slab_scale, noise_scale)
+    check = _reweight(xs, yc, pip, hyper, opts["num_draws"], opts["rounds"], opts["generator"])
+    sets = credible_sets(xs, fit.alpha, fit.active)
+    variational = pip.cpu().numpy()
+    if check.reliable:
+        inclusion, coef, method = check.inclusion, check.coef_mean, "reweighted"
+    else:
+        inclusion, coef, method = variational, fit.coefficients().cpu().numpy(), "variational"
+    details = {
+        "num_effects": int(fit.alpha.shape[0]),
+        "active_effects": int(fit.active.sum()),
+        "elbo": fit.elbo,
+        "converged": fit.converged,
+        "ess": check.ess,
+        "max_shift": check.max_shift,
+    }
+    return inclusion, coef, variational, sets, check, hyper, method, details
+
+
+# ------------------------------------------------------------------ Bernoulli
+def _logistic_fit(xs, y, prior_inclusion, slab_scale, opts):
+    """Full-batch Adam on the mean-field free energy until its moving average stabilises."""
+    import pyro
+
+    from .regression import SparseLogisticRegression
+
+    model = SparseLogisticRegression(
+        xs.shape[1], prior_inclusion=prior_inclusion, slab="gaussian", prior_scale=slab_scale
+    ).to(device=xs.device, dtype=xs.dtype)
+    elbo = pyro.infer.TraceMeanField_ELBO()
+    optim = torch.optim.Adam(model.parameters(), lr=opts["lr"])
+    history, window = [], 50
+    with pyro.poutine.block():
+        for step in range(opts["max_steps"]):
+            optim.zero_grad()
+            loss = elbo.differentiable_loss(model.model, model.guide, xs, y)
+            loss.backward()
+            optim.step()
+            history.append(float(loss))
+            if step >= 2 * window and step % window == 0:
+                now, before = np.mean(history[-window:]), np.mean(history[-2 * window : -window])
+                if abs(before - now) < opts["tol"] * (1.0 + abs(now)):
+                    break
+    return model, history
+
+
+def _logistic_check(model, xs, y, slab_scale, num_draws, generator):
+    """Importance weights of the guide's joint draws ``(z, theta)`` against the exact joint density."""
+    from torch.distributions import Bernoulli, Normal
+
+    with torch.no_grad():
+        q_gate, prior = model.gate.distribution(), prior_like(model.prior, model.weight)
+        z = q_gate.sample((num_draws,))
+        mu, s = model.weight, model.slab_log_scale.exp()
+        theta = mu + s * torch.randn(num_draws, mu.numel(), dtype=xs.dtype, device=xs.device, generator=generator)
+        logits = (theta * z) @ xs.T + model.bias
+        log_lik = Bernoulli(logits=logits).log_prob(y).sum(1)
+        log_gate = (prior.log_prob(z) - q_gate.log_prob(z)).sum(1)
+        slab = Normal(0.0, slab_scale).log_prob(theta) - Normal(mu, s).log_prob(theta)
+        log_slab = torch.where(z != 0, slab, torch.zeros_like(slab)).sum(1)
+        smoothed, khat = psis((log_lik + log_gate + log_slab).cpu().numpy())
+        w = torch.as_tensor(np.exp(smoothed), dtype=xs.dtype, device=xs.device)
+        draws = z != 0
+        return khat, (w @ draws.to(xs.dtype)).cpu().numpy(), (w @ (theta * z)).cpu().numpy(), draws, smoothed
+
+
+def _select_bernoulli(xs, y, prior_inclusion, slab_scale, opts):
+    prior_inclusion = 0.5 if prior_inclusion is None else prior_inclusion
+    slab_scale = 1.0 if slab_scale is None else slab_scale
+    model, history = _logistic_fit(xs, y, prior_inclusion, slab_scale, opts)
+    khat, inclusion, coef, draws, logw = _logistic_check(model, xs, y, slab_scale, opts["num_draws"], opts["generator"])
+    variational = model.inclusion_probabilities().cpu().numpy()
+    if khat <= KHAT_THRESHOLD:
+        method = "reweighted"
+    else:
+        inclusion, coef, method = variational, model.coefficients().cpu().numpy(), "variational"
+    details = {"steps": len(history), "free_energy": history}
+    return inclusion, coef, variational, [], khat, draws, logw, (prior_inclusion, slab_scale, float("nan")), method, details
+
+
+# ------------------------------------------------------------------ entry point
+def select_variables(
+    X,
+    y,
+    family="gaussian",
+    prior_inclusion=None,
+    slab_scale=None,
+    noise_scale=None,
+    feature_names=None,
+    device=None,
+    dtype=torch.float64,
+    num_draws=2000,
+    seed=0,
+    **options,
+):
+    r"""Which features of ``X`` matter for ``y``? Inclusion probabilities you can check.
+
+    :param X: ``(n, p)`` numpy array or tensor (no NaN, no constant column; ``p > n`` is fine).
+    :param y: ``(n,)``: real for ``family="gaussian"``, 0/1 for ``family="bernoulli"``.
+    :param prior_inclusion: :math:`\pi_0`, the prior probability that a feature is included;
+        ``None``: estimated (the fit's expected number of effects over :math:`p`; 0.5 for bernoulli).
+    :param slab_scale: :math:`\tau`, the prior sd of an included coefficient per standard
+        deviation of its feature; ``None``: the root mean square of the selected coefficients
+        (1 for bernoulli).
+    :param noise_scale: :math:`\sigma`, fixed when given (Gaussian family); else estimated.
+    :param feature_names: names for the result (default the column indices).
+    :param device: where to compute (``"cpu"``, ``"cuda"``; default: the device of a tensor ``X``, else CPU).
+    :param int num_draws: importance-sampling draws per round.
+    :param options: advanced: ``num_effects`` (10, the starting number of single effects),
+        ``tol`` (1e-3 nats for the ELBO; 1e-4 relative for bernoulli), ``max_iter`` (100 sweeps),
+        ``rounds`` (3 adaptive rounds at most), ``lr`` (0.01) and ``max_steps`` (5000) for bernoulli.
+    :returns: :class:`SelectionResult`; ``result.diagnostic`` says in one line whether to trust it.
+
+    With ``prior_inclusion``, ``slab_scale`` and ``noise_scale`` all given, the Gaussian result
+    estimates :func:`~l0bayes.analysis.exact_inclusion_probabilities` of the standardised data
+    with the same arguments. A warning is issued when the check fails.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    _check_hyper(prior_inclusion, slab_scale, noise_scale)
+    if device is None:
+        device = X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
+    device = torch.device(device)
+    x = _as_tensor(X, "X", dtype, device)
+    yt = _as_tensor(y, "y", dtype, device)
+    xs, yc, x_mean, x_scale = _standardise(x, yt, family)
+    names = list(feature_names) if feature_names is not None else list(range(x.shape[1]))
+    if len(names) != x.shape[1]:
+        raise ValueError(f"{len(names)} feature names for {x.shape[1]} columns")
+    unknown = set(options) - {"num_effects", "tol", "max_iter", "rounds", "lr", "max_steps"}
+    if unknown:
+        raise TypeError(f"unknown options {sorted(unknown)}")
+    generator = torch.Generator(device=device).manual_seed(int(seed))
+    opts = {
+        "num_effects": 10,
+        "tol": 1e-3 if family == "gaussian" else 1e-4,
+        "max_iter": 100,
+        "rounds": 3,
+        "lr": 0.01,
+        "max_steps": 5000,
+        "num_draws": int(num_draws),
+        "generator": generator,
+        **options,
+    }
+    torch.manual_seed(int(seed))
+    if family == "gaussian":
+        inclusion, coef, variational, sets, check, hyper, method, details = _select_gaussian(
+            xs, yc, prior_inclusion, slab_scale, noise_scale, opts
+        )
+        khat, draws, logw = check.khat, check.draws, check.log_weights
+    else:
+        inclusion, coef, variational, sets, khat, draws, logw, hyper, method, details = _select_bernoulli(
+            xs, yc, prior_inclusion, slab_scale, opts
+        )
+    result = SelectionResult(
+        inclusion_probabilities=np.asarray(inclusion, dtype=np.float64),
+        coefficients=np.asarray(coef, dtype=np.float64) / x_scale.cpu().numpy(),
+        credible_sets=sets,
+        khat=float(khat),
+        method=method,
+        family=family,
+        prior_inclusion=hyper[0],
+        slab_scale=hyper[1],
+        noise_scale=hyper[2],
+        variational_probabilities=np.asarray(variational, dtype=np.float64),
+        feature_names=names,
+        draws=np.asarray(draws),
+        log_weights=np.asarray(logw),
+        details=details,
+    )
+    if not result.reliable:
+        warnings.warn(result.diagnostic, RuntimeWarning, stacklevel=2)
+    return result
