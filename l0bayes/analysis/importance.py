@@ -128,20 +128,19 @@ def collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=None):
 class BernoulliMixture:
     r"""A mixture of product-Bernoulli laws over :math:`\gamma \in \{0, 1\}^p`, sampled in :math:`O(S k)`.
 
-    Features whose probability is below ``threshold`` (default ``1/p``) in every component are
-    *background*: within a component they share one probability (their mean), so a draw picks
-    how many of them are on (binomial) and which (uniformly); the other ``k`` features (*core*)
-    are drawn one by one. :meth:`log_prob` is exact for this law.
+    Features outside ``core`` (a boolean ``(p,)`` mask; default: probability at least ``1/p`` in
+    some component) are *background*: within a component they share one probability (their
+    mean), so a draw picks how many of them are on (binomial) and which (uniformly); the ``k``
+    core features are drawn one by one. :meth:`log_prob` is exact for this law.
     """
 
     probs: torch.Tensor  # (C, p) as given
     weights: torch.Tensor  # (C,)
-    threshold: float = None
+    core_mask: torch.Tensor = None
 
     def __post_init__(self):
         p = self.probs.shape[1]
-        threshold = 1.0 / p if self.threshold is None else self.threshold
-        is_core = (self.probs >= threshold).any(0)
+        is_core = (self.probs >= 1.0 / p).any(0) if self.core_mask is None else self.core_mask.bool()
         self.core = torch.nonzero(is_core).flatten()
         self.background = torch.nonzero(~is_core).flatten()
         self.core_probs = self.probs[:, self.core]
@@ -216,7 +215,7 @@ def importance_check(
     mixture=None,
     num_draws=2000,
     generator=None,
-    threshold=None,
+    core=None,
 ):
     r"""Reweight draws of a product-Bernoulli proposal (or a mixture of them) to the exact collapsed posterior.
 
@@ -228,7 +227,7 @@ def importance_check(
         :param float noise_scale: :math:`\sigma` of the target model.
     :param int num_draws: number of draws :math:`S`.
     :param generator: a :class:`torch.Generator` for the draws (on the device of ``x``).
-    :param threshold: features below it in every component are background (default ``1/p``).
+    :param core: ``(p,)`` boolean mask of the features drawn one by one (see :class:`BernoulliMixture`).
     :returns: :class:`ImportanceCheck`.
     """
     proposals = torch.as_tensor(proposals, dtype=x.dtype, device=x.device).reshape(-1, x.shape[1])
@@ -237,7 +236,7 @@ def importance_check(
         raise ValueError("proposal probabilities must lie strictly inside (0, 1)")
     if mixture is None:
         mixture = torch.full((num_components,), 1.0 / num_components, dtype=x.dtype, device=x.device)
-    law = BernoulliMixture(proposals, torch.as_tensor(mixture, dtype=x.dtype, device=x.device), threshold)
+    law = BernoulliMixture(proposals, torch.as_tensor(mixture, dtype=x.dtype, device=x.device), core)
     index, log_q = law.sample(num_draws, generator)
     log_ml, coef = collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=law.core)
     size = (index < p).sum(1).to(x.dtype)

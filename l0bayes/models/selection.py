@@ -235,9 +235,10 @@ def credible_sets(x, alpha, active, coverage=0.95, min_abs_corr=0.5, max_size=20
     """95% credible sets of the single effects: the fewest features holding ``coverage`` of an effect's probability.
 
     A set is kept when the smallest absolute correlation between two of its members is at
-    least ``min_abs_corr`` (a pure set: all members explain the same signal); duplicates are dropped.
+    least ``min_abs_corr`` (a pure set: all members explain the same signal); duplicates are
+    dropped. Returns the sets (index arrays) and the effects they came from.
     """
-    out, seen = [], set()
+    out, seen, effects = [], set(), []
     for l in torch.nonzero(active).flatten().tolist():
         probs, order = torch.sort(alpha[l], descending=True)
         size = int(torch.searchsorted(torch.cumsum(probs, 0), torch.tensor(coverage, dtype=probs.dtype))) + 1
@@ -250,7 +251,8 @@ def credible_sets(x, alpha, active, coverage=0.95, min_abs_corr=0.5, max_size=20
                 continue
         seen.add(members)
         out.append(np.asarray(members))
-    return out
+        effects.append(l)
+    return out, effects
 
 
 # ------------------------------------------------------------------ Gaussian
@@ -271,16 +273,33 @@ def _target_defaults(fit, pip, prior_inclusion, slab_scale, noise_scale):
 CORE = 1e-3  # features below this probability are proposed as one exchangeable background block
 
 
-def _proposals(probs, p):
-    """Two product-Bernoulli components: the probabilities, clipped, and a defensive copy flattened towards 1/2.
+def _residual_inclusion(x, y, coef, prior_inclusion, slab_scale, noise_scale):
+    r"""Probability that feature :math:`j` enters a model that already holds the fit, one at a time.
 
-    Features with a probability below :data:`CORE` keep it (floored at ``0.1/p``) in both.
+    With the residual :math:`r = y - X\bar b`, :math:`\hat\beta_j = x_j^\top r / d_j` and
+    :math:`s_j^2 = \sigma^2 / d_j`: :math:`\pi_0 \mathrm{BF}_j / (1 - \pi_0 + \pi_0 \mathrm{BF}_j)`
+    with the Bayes factor of the single-effect regression at :math:`V = \tau^2`. It gives the
+    proposal the weak signals that the fit's effects left out.
+    """
+    d = (x * x).sum(0)
+    bhat = (x.T @ (y - x @ coef)) / d
+    s2 = noise_scale**2 / d
+    lbf = 0.5 * torch.log(s2 / (slab_scale**2 + s2)) + 0.5 * bhat**2 * slab_scale**2 / (s2 * (slab_scale**2 + s2))
+    return torch.sigmoid(lbf + math.log(prior_inclusion) - math.log1p(-prior_inclusion))
+
+
+def _proposals(probs, p):
+    """Two product-Bernoulli components and the core mask.
+
+    The first is the probabilities clipped to ``[0.1/p, 1 - 0.1/p]``; the second, defensive,
+    moves them towards 1/2 by ``1/p``, :math:`(a_j + 1/p) / (1 + 2/p)`: about one extra feature
+    per draw for large ``p``, a visible flattening for small ``p``. Features below :data:`CORE`
+    are the exchangeable background of :class:`~l0bayes.analysis.importance.BernoulliMixture`.
     """
     floor = 0.1 / p
     clipped = probs.clamp(floor, 1.0 - floor)
-    core = probs >= CORE
-    flat = torch.where(core, (clipped + 0.05) / 1.1, clipped)
-    return torch.stack([clipped, flat])
+    flat = (clipped + 1.0 / p) / (1.0 + 2.0 / p)
+    return torch.stack([clipped, flat]), probs >= CORE
 
 
 def _reweight(x, y, pip, hyper, num_draws, rounds, generator):
@@ -288,9 +307,8 @@ def _reweight(x, y, pip, hyper, num_draws, rounds, generator):
     p = x.shape[1]
     probs, check = pip, None
     for r in range(rounds):
-        check = importance_check(
-            x, y, _proposals(probs, p), *hyper, num_draws=num_draws, generator=generator, threshold=CORE
-        )
+        proposals, core = _proposals(probs, p)
+        check = importance_check(x, y, proposals, *hyper, num_draws=num_draws, generator=generator, core=core)
         if r >= 1 and check.reliable:
             break
         probs = torch.as_tensor(check.inclusion, dtype=x.dtype, device=x.device)
@@ -308,8 +326,16 @@ def _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts):
     )
     pip = fit.inclusion_probabilities()
     hyper = _target_defaults(fit, pip, prior_inclusion, slab_scale, noise_scale)
-    check = _reweight(xs, yc, pip, hyper, opts["num_draws"], opts["rounds"], opts["generator"])
-    sets = credible_sets(xs, fit.alpha, fit.active)
+    sets, effects = credible_sets(xs, fit.alpha, fit.active)
+    # The proposal uses only the effects with a credible set: a diffuse effect (a tiny prior
+    # variance spread over every feature) would only add random features to each draw.
+    kept = fit.active.clone()
+    if effects:
+        kept[:] = False
+        kept[effects] = True
+    start = -torch.expm1(torch.log1p(-fit.alpha[kept].clamp(max=1.0 - 1e-15)).sum(0))
+    start = torch.maximum(start, _residual_inclusion(xs, yc, fit.coefficients(), *hyper))
+    check = _reweight(xs, yc, start, hyper, opts["num_draws"], opts["rounds"], opts["generator"])
     variational = pip.cpu().numpy()
     if check.reliable:
         inclusion, coef, method = check.inclusion, check.coef_mean, "reweighted"
