@@ -30,6 +30,7 @@ residual sum of squares over :math:`n`. Iterations stop when the ELBO changes by
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 GRID_DECADES = (-4.0, 1.0)
@@ -126,6 +127,30 @@ def _grow(fit, num_effects):
     return fit
 
 
+def credible_sets(x, alpha, active, coverage=0.95, min_abs_corr=0.5, max_size=200):
+    """95% credible sets of the single effects: the fewest features holding ``coverage`` of an effect's probability.
+
+    A set is kept when the smallest absolute correlation between two of its members is at
+    least ``min_abs_corr`` (a pure set: all members explain the same signal); duplicates are
+    dropped. Returns the sets (index arrays) and the effects they came from.
+    """
+    out, seen, effects = [], set(), []
+    for l in torch.nonzero(active).flatten().tolist():
+        probs, order = torch.sort(alpha[l], descending=True)
+        size = int(torch.searchsorted(torch.cumsum(probs, 0), torch.tensor(coverage, dtype=probs.dtype))) + 1
+        members = tuple(sorted(order[: min(size, probs.numel())].tolist()))
+        if len(members) > max_size or members in seen:
+            continue
+        if len(members) > 1:
+            corr = torch.corrcoef(x[:, list(members)].T).abs()
+            if float(corr.min()) < min_abs_corr:
+                continue
+        seen.add(members)
+        out.append(np.asarray(members))
+        effects.append(l)
+    return out, effects
+
+
 def fit_single_effects(
     x, y, num_effects=10, noise_variance=None, max_iter=100, tol=1e-3, grow=True, max_effects=None, init=None
 ):
@@ -137,8 +162,8 @@ def fit_single_effects(
     :param noise_variance: :math:`\sigma^2` fixed when given, else estimated.
     :param int max_iter: at most this many sweeps per stage.
     :param float tol: stop when the ELBO changes by less than ``tol`` nats between sweeps.
-    :param bool grow: when every effect is active at convergence, double :math:`L` (warm start)
-        and continue, up to ``max_effects`` (default ``min(p, 200)``): the number of effects is
+    :param bool grow: when every effect has found a signal at convergence (each has a pure
+        credible set, :func:`credible_sets`), double :math:`L` (warm start) and continue, up to ``max_effects`` (default ``min(p, 200)``): the number of effects is
         then found from the data, not guessed.
     :returns: :class:`SingleEffectsFit`.
     """
@@ -158,7 +183,7 @@ def fit_single_effects(
     while True:
         fit = _sweeps(x, y, d, yy, log_prior, grid, fit, fixed, max_iter, tol)
         L = fit.alpha.shape[0]
-        if not grow or int(fit.active.sum()) < L or L >= max_effects:
+        if not grow or L >= max_effects or len(credible_sets(x, fit.alpha, fit.active)[0]) < L:
             return fit
         fit = _grow(fit, min(2 * L, max_effects))
 

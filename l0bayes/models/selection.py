@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..analysis.importance import KHAT_THRESHOLD, importance_check, psis
-from ..inference.single_effects import fit_single_effects
+from ..inference.single_effects import credible_sets, fit_single_effects
 from ..nn.gates import prior_like
 
 FAMILIES = ("gaussian", "bernoulli")
@@ -228,31 +228,6 @@ def _check_hyper(prior_inclusion, slab_scale, noise_scale):
     for name, v in (("slab_scale", slab_scale), ("noise_scale", noise_scale)):
         if v is not None and not v > 0:
             raise ValueError(f"{name} must be positive, got {v}")
-
-
-# ------------------------------------------------------------------ credible sets
-def credible_sets(x, alpha, active, coverage=0.95, min_abs_corr=0.5, max_size=200):
-    """95% credible sets of the single effects: the fewest features holding ``coverage`` of an effect's probability.
-
-    A set is kept when the smallest absolute correlation between two of its members is at
-    least ``min_abs_corr`` (a pure set: all members explain the same signal); duplicates are
-    dropped. Returns the sets (index arrays) and the effects they came from.
-    """
-    out, seen, effects = [], set(), []
-    for l in torch.nonzero(active).flatten().tolist():
-        probs, order = torch.sort(alpha[l], descending=True)
-        size = int(torch.searchsorted(torch.cumsum(probs, 0), torch.tensor(coverage, dtype=probs.dtype))) + 1
-        members = tuple(sorted(order[: min(size, probs.numel())].tolist()))
-        if len(members) > max_size or members in seen:
-            continue
-        if len(members) > 1:
-            corr = torch.corrcoef(x[:, list(members)].T).abs()
-            if float(corr.min()) < min_abs_corr:
-                continue
-        seen.add(members)
-        out.append(np.asarray(members))
-        effects.append(l)
-    return out, effects
 
 
 # ------------------------------------------------------------------ Gaussian
