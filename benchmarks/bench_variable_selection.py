@@ -132,6 +132,9 @@ def run_grid(args):
                         rec["bins"] = calibration_counts(pip, truth)
                     records.append(rec)
                     print(json.dumps({k: v for k, v in rec.items() if k != "bins"}), flush=True)
+                    if args.json is not None:
+                        with args.json.open("a") as f:
+                            f.write(json.dumps(rec) + "\n")
     return records
 
 
@@ -260,8 +263,8 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--diabetes", action="store_true")
     parser.add_argument("--no-grid", action="store_true")
-    parser.add_argument("--json", type=Path, help="write the raw records here (must not exist)")
-    parser.add_argument("--load", type=Path, nargs="*", default=[], help="tabulate records from earlier --json files")
+    parser.add_argument("--json", type=Path, help="append the raw records here as JSON lines (must not exist)")
+    parser.add_argument("--load", type=Path, nargs="*", default=[], help="also tabulate records of earlier --json files")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     args.lasso_seeds = {int(k): int(v) for k, v in (s.split("=") for s in args.lasso_seeds)}
@@ -281,11 +284,9 @@ def main(argv=None):
     )
     records = []
     for path in args.load:
-        records += json.loads(path.read_text())
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not args.no_grid:
         records += run_grid(args)
-        if args.json is not None:
-            args.json.write_text(json.dumps(records))
     if records:
         print(summary_tables(records, args.markdown))
     if args.diabetes:

@@ -69,29 +69,35 @@ class ImportanceCheck:
         return float(np.max(np.abs(self.inclusion - self.proposal)))
 
 
-def _gram(x, index, core):
-    """``(S, K, K)`` Gram matrices of the columns ``index`` (padded with ``p``, a zero column).
+class _GramCache:
+    """Gram entries of the columns that occur in ``index`` (padded with ``p``, a zero column).
 
     Products with a ``core`` column come from one ``X_U^T X_core`` over the columns ``U`` that
     occur; the few products between two non-core columns of a draw are computed directly.
     """
-    n, p = x.shape
-    xa = torch.cat([x, x.new_zeros(n, 1)], dim=1)
-    used = torch.unique(index)
-    row_of = torch.zeros(p + 1, dtype=torch.long, device=x.device)
-    row_of[used] = torch.arange(used.numel(), device=x.device)
-    k = core.numel()
-    col_of = torch.full((p + 1,), k, dtype=torch.long, device=x.device)  # k: the zero column
-    col_of[core] = torch.arange(k, device=x.device)
-    cross = xa[:, used].T @ xa[:, torch.cat([core, core.new_full((1,), p)])]  # (|U|, k + 1)
-    a, b = index[:, :, None].expand(-1, -1, index.shape[1]), index[:, None, :].expand(-1, index.shape[1], -1)
-    ca, cb = col_of[a], col_of[b]
-    gram = torch.where(cb < k, cross[row_of[a], cb], cross[row_of[b], ca])
-    rare = (ca == k) & (cb == k) & (a < p) & (b < p)
-    if bool(rare.any()):
-        ia, ib = a[rare], b[rare]
-        gram[rare] = (xa[:, ia] * xa[:, ib]).sum(0)
-    return gram
+
+    def __init__(self, x, index, core):
+        n, p = x.shape
+        self.p, self.k = p, core.numel()
+        self.xa = torch.cat([x, x.new_zeros(n, 1)], dim=1)
+        used = torch.unique(index)
+        self.row_of = torch.zeros(p + 1, dtype=torch.long, device=x.device)
+        self.row_of[used] = torch.arange(used.numel(), device=x.device)
+        self.col_of = torch.full((p + 1,), self.k, dtype=torch.long, device=x.device)  # k: the zero column
+        self.col_of[core] = torch.arange(self.k, device=x.device)
+        self.cross = self.xa[:, used].T @ self.xa[:, torch.cat([core, core.new_full((1,), p)])]  # (|U|, k + 1)
+
+    def __call__(self, index):
+        """``(S, K, K)`` Gram matrices of the rows of ``index``."""
+        width = index.shape[1]
+        a, b = index[:, :, None].expand(-1, -1, width), index[:, None, :].expand(-1, width, -1)
+        ca, cb = self.col_of[a], self.col_of[b]
+        gram = torch.where(cb < self.k, self.cross[self.row_of[a], cb], self.cross[self.row_of[b], ca])
+        rare = (ca == self.k) & (cb == self.k) & (a < self.p) & (b < self.p)
+        if bool(rare.any()):
+            ia, ib = a[rare], b[rare]
+            gram[rare] = (self.xa[:, ia] * self.xa[:, ib]).sum(0)
+        return gram
 
 
 def collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=None):
@@ -114,8 +120,9 @@ def collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=None):
     base = -0.5 * n * math.log(2 * math.pi * s2) - 0.5 * float(y @ y) / s2
     out, coef = [], []
     eye = torch.eye(index.shape[1], dtype=x.dtype, device=x.device)
+    gram = _GramCache(x, index, core)
     for chunk in index.split(CHUNK * 8):
-        chol = torch.linalg.cholesky(eye + (t2 / s2) * _gram(x, chunk, core))
+        chol = torch.linalg.cholesky(eye + (t2 / s2) * gram(chunk))
         rhs = xty[chunk].unsqueeze(-1)
         w = torch.linalg.solve_triangular(chol, rhs, upper=False)
         logdet = torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
@@ -179,7 +186,7 @@ class BernoulliMixture:
         return index, self.log_prob(on_core, count)
 
     def log_prob(self, on_core, count):
-        """Exact :math:`\log q(\gamma)` from the core indicators and the number of background features on."""
+        r"""Exact :math:`\log q(\gamma)` from the core indicators and the number of background features on."""
         a = self.core_probs  # (C, k)
         core = torch.where(on_core[:, None, :], torch.log(a), torch.log1p(-a)).sum(-1)  # (S, C)
         num_bg = self.background.numel()

@@ -36,6 +36,7 @@ import torch
 GRID_DECADES = (-4.0, 1.0)
 GRID_POINTS = 41
 LOCAL = 4
+GROW_EVIDENCE = math.log(10.0)
 
 
 @dataclass
@@ -49,6 +50,7 @@ class SingleEffectsFit:
     :ivar noise_variance: :math:`\sigma^2`.
     :ivar elbo: the ELBO after each sweep.
     :ivar converged: whether the ELBO stabilised before ``max_iter`` sweeps.
+    :ivar log_evidence: ``(L,)`` each effect's log Bayes factor against no effect, at the last sweep.
     """
 
     alpha: torch.Tensor
@@ -58,6 +60,7 @@ class SingleEffectsFit:
     noise_variance: float
     elbo: list = field(default_factory=list)
     converged: bool = False
+    log_evidence: torch.Tensor = None
 
     @property
     def active(self):
@@ -124,6 +127,7 @@ def _grow(fit, num_effects):
     fit.mu = torch.cat([fit.mu, pad])
     fit.var = torch.cat([fit.var, pad])
     fit.prior_variance = torch.cat([fit.prior_variance, fit.prior_variance.new_zeros(extra)])
+    fit.log_evidence = torch.cat([fit.log_evidence, fit.log_evidence.new_zeros(extra)])
     return fit
 
 
@@ -162,8 +166,8 @@ def fit_single_effects(
     :param noise_variance: :math:`\sigma^2` fixed when given, else estimated.
     :param int max_iter: at most this many sweeps per stage.
     :param float tol: stop when the ELBO changes by less than ``tol`` nats between sweeps.
-    :param bool grow: when every effect has found a signal at convergence (each has a pure
-        credible set, :func:`credible_sets`), double :math:`L` (warm start) and continue, up to ``max_effects`` (default ``min(p, 200)``): the number of effects is
+    :param bool grow: when every effect has found a signal at convergence (each effect's Bayes
+        factor against no effect exceeds 10), double :math:`L` (warm start) and continue, up to ``max_effects`` (default ``min(p, 200)``): the number of effects is
         then found from the data, not guessed.
     :returns: :class:`SingleEffectsFit`.
     """
@@ -179,11 +183,12 @@ def fit_single_effects(
     if init is None:
         zeros = x.new_zeros(num_effects, p)
         init = SingleEffectsFit(zeros + 1.0 / p, zeros.clone(), zeros.clone(), x.new_zeros(num_effects), sigma2)
+        init.log_evidence = x.new_zeros(num_effects)
     fit = init
     while True:
         fit = _sweeps(x, y, d, yy, log_prior, grid, fit, fixed, max_iter, tol)
         L = fit.alpha.shape[0]
-        if not grow or L >= max_effects or len(credible_sets(x, fit.alpha, fit.active)[0]) < L:
+        if not grow or L >= max_effects or int((fit.log_evidence > GROW_EVIDENCE).sum()) < L:
             return fit
         fit = _grow(fit, min(2 * L, max_effects))
 
@@ -209,6 +214,7 @@ def _sweeps(x, y, d, yy, log_prior, grid, fit, fixed, max_iter, tol):
                 xtr, d, sigma2, log_prior, grid, where[l]
             )
             fit.alpha[l], fit.mu[l], fit.var[l], fit.prior_variance[l] = alpha, mu, var, prior_variance
+            fit.log_evidence[l] = log_evidence
             new = (xf @ (alpha * mu).to(xf.dtype)).to(x.dtype)
             second = float((d * alpha * (mu**2 + var)).sum())
             kl[l] = (2.0 * float(resid @ new) - second) / (2.0 * sigma2) - log_evidence

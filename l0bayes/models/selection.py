@@ -37,6 +37,7 @@ import torch
 
 from ..analysis.importance import KHAT_THRESHOLD, importance_check, psis
 from ..inference.single_effects import credible_sets, fit_single_effects
+from ..distributions import kl_hard_concrete
 from ..nn.gates import prior_like
 
 FAMILIES = ("gaussian", "bernoulli")
@@ -246,6 +247,7 @@ def _target_defaults(fit, pip, prior_inclusion, slab_scale, noise_scale):
 
 
 CORE = 1e-3  # features below this probability are proposed as one exchangeable background block
+MAX_CORE = 200  # and so are all but the MAX_CORE most probable ones
 
 
 def _residual_inclusion(x, y, coef, prior_inclusion, slab_scale, noise_scale):
@@ -269,24 +271,35 @@ def _proposals(probs, p):
     The first is the probabilities clipped to ``[0.1/p, 1 - 0.1/p]``; the second, defensive,
     moves them towards 1/2 by ``1/p``, :math:`(a_j + 1/p) / (1 + 2/p)`: about one extra feature
     per draw for large ``p``, a visible flattening for small ``p``. Features below :data:`CORE`
-    are the exchangeable background of :class:`~l0bayes.analysis.importance.BernoulliMixture`.
+    (and all but the :data:`MAX_CORE` most probable) are the exchangeable background of
+    :class:`~l0bayes.analysis.importance.BernoulliMixture`.
     """
     floor = 0.1 / p
     clipped = probs.clamp(floor, 1.0 - floor)
     flat = (clipped + 1.0 / p) / (1.0 + 2.0 / p)
-    return torch.stack([clipped, flat]), probs >= CORE
+    core = probs >= CORE
+    if int(core.sum()) > MAX_CORE:
+        core = torch.zeros_like(core)
+        core[torch.topk(probs, MAX_CORE).indices] = True
+    return torch.stack([clipped, flat]), core
 
 
 def _reweight(x, y, pip, hyper, num_draws, rounds, generator):
-    """Adaptive importance sampling: round ``r + 1`` proposes from round ``r``'s reweighted probabilities."""
+    """Adaptive importance sampling: round ``r + 1`` proposes from round ``r``'s reweighted probabilities.
+
+    Stops at the first round with k-hat at most 0.7 and an effective sample size of at least a
+    tenth of the draws.
+    """
     p = x.shape[1]
     probs, check = pip, None
     for r in range(rounds):
         proposals, core = _proposals(probs, p)
         check = importance_check(x, y, proposals, *hyper, num_draws=num_draws, generator=generator, core=core)
-        if r >= 1 and check.reliable:
+        if check.reliable and check.ess >= 0.1 * num_draws:
             break
-        probs = torch.as_tensor(check.inclusion, dtype=x.dtype, device=x.device)
+        # the next round adapts the core features only: a background feature's estimate rests on
+        # the few draws that happened to include it
+        probs = torch.where(core, torch.as_tensor(check.inclusion, dtype=x.dtype, device=x.device), pip)
     return check
 
 
@@ -328,29 +341,44 @@ def _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts):
 
 
 # ------------------------------------------------------------------ Bernoulli
-def _logistic_fit(xs, y, prior_inclusion, slab_scale, opts):
-    """Full-batch Adam on the mean-field free energy until its moving average stabilises."""
-    import pyro
+def _logistic_free_energy(model, x, y):
+    """One-sample estimate of the free energy (Eq. 21): NLL + gate KL (Eq. 28) + slab cost (Eq. 20)."""
+    z = model.gate()
+    noise = torch.randn_like(model.weight)
+    logits = x @ model._coefficients(z, noise) + model.bias
+    nll = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="sum")
+    gate_kl = kl_hard_concrete(model.gate.distribution(), prior_like(model.prior, model.weight)).sum()
+    return nll + gate_kl + model._code_cost(x.shape[0])
 
+
+def _logistic_fit(xs, y, prior_inclusion, slab_scale, opts):
+    """Full-batch Adam on the mean-field free energy until it stops improving.
+
+    Every ``window`` steps the mean of the last ``window`` one-sample estimates is compared
+    with the mean of the ``window`` before: the fit stops when, at two checks in a row, they
+    differ by less than two standard errors of the difference (the objective has stabilised
+    within its own noise) or by less than ``tol`` relative.
+    """
     from .regression import SparseLogisticRegression
 
     model = SparseLogisticRegression(
         xs.shape[1], prior_inclusion=prior_inclusion, slab="gaussian", prior_scale=slab_scale
     ).to(device=xs.device, dtype=xs.dtype)
-    elbo = pyro.infer.TraceMeanField_ELBO()
     optim = torch.optim.Adam(model.parameters(), lr=opts["lr"])
-    history, window = [], 50
-    with pyro.poutine.block():
-        for step in range(opts["max_steps"]):
-            optim.zero_grad()
-            loss = elbo.differentiable_loss(model.model, model.guide, xs, y)
-            loss.backward()
-            optim.step()
-            history.append(float(loss))
-            if step >= 2 * window and step % window == 0:
-                now, before = np.mean(history[-window:]), np.mean(history[-2 * window : -window])
-                if abs(before - now) < opts["tol"] * (1.0 + abs(now)):
-                    break
+    history, window, calm = [], 200, 0
+    for step in range(1, opts["max_steps"] + 1):
+        optim.zero_grad()
+        loss = _logistic_free_energy(model, xs, y)
+        loss.backward()
+        optim.step()
+        history.append(loss.item())
+        if step >= 3 * window and step % window == 0:
+            now, before = np.asarray(history[-window:]), np.asarray(history[-2 * window : -window])
+            gap = abs(before.mean() - now.mean())
+            se = math.sqrt((now.var() + before.var()) / window)
+            calm = calm + 1 if gap < 2.0 * se or gap < opts["tol"] * (1.0 + abs(now.mean())) else 0
+            if calm == 2:
+                break
     return model, history
 
 
@@ -418,7 +446,7 @@ def select_variables(
     :param int num_draws: importance-sampling draws per round.
     :param options: advanced: ``num_effects`` (10, the starting number of single effects),
         ``tol`` (1e-3 nats for the ELBO; 1e-4 relative for bernoulli), ``max_iter`` (100 sweeps),
-        ``rounds`` (3 adaptive rounds at most), ``lr`` (0.01) and ``max_steps`` (5000) for bernoulli.
+        ``rounds`` (3 adaptive rounds at most), ``lr`` (0.05) and ``max_steps`` (5000) for bernoulli.
     :returns: :class:`SelectionResult`; ``result.diagnostic`` says in one line whether to trust it.
 
     With ``prior_inclusion``, ``slab_scale`` and ``noise_scale`` all given, the Gaussian result
@@ -446,7 +474,7 @@ def select_variables(
         "tol": 1e-3 if family == "gaussian" else 1e-4,
         "max_iter": 100,
         "rounds": 3,
-        "lr": 0.01,
+        "lr": 0.05,
         "max_steps": 5000,
         "num_draws": int(num_draws),
         "generator": generator,
