@@ -46,7 +46,8 @@ class ImportanceCheck:
     :ivar inclusion: ``(p,)`` reweighted inclusion probabilities :math:`\hat P(\gamma_j = 1 \mid y)`.
     :ivar coef_mean: ``(p,)`` reweighted posterior mean of the coefficients, :math:`E[b_j \mid y]`.
     :ivar proposal: ``(p,)`` the proposal's own inclusion probabilities.
-    :ivar draws: ``(S, p)`` boolean proposal draws; :ivar log_weights: ``(S,)`` their normalised smoothed log weights.
+    :ivar draws: ``(S, p)`` boolean proposal draws.
+    :ivar log_weights: ``(S,)`` their normalised, smoothed log weights.
     """
 
     khat: float
@@ -103,7 +104,8 @@ class _GramCache:
 def collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=None):
     r""":math:`\log p(y \mid \gamma)` and :math:`E[b_\gamma \mid y, \gamma]` for a batch of models.
 
-    :param x: ``(n, p)`` tensor; :param y: ``(n,)`` tensor (both centred).
+    :param x: ``(n, p)`` tensor, centred.
+    :param y: ``(n,)`` tensor, centred.
     :param index: ``(S, K)`` long tensor, the features of each model padded with ``p`` (a
         padded slot adds nothing to either quantity).
     :param core: features that occur in many models (their products with every column are
@@ -226,12 +228,14 @@ def importance_check(
 ):
     r"""Reweight draws of a product-Bernoulli proposal (or a mixture of them) to the exact collapsed posterior.
 
-    :param x: ``(n, p)`` centred tensor; :param y: ``(n,)`` centred tensor.
+    :param x: ``(n, p)`` tensor, centred.
+    :param y: ``(n,)`` tensor, centred.
     :param proposals: ``(C, p)`` or ``(p,)`` tensor of inclusion probabilities in ``(0, 1)``, one
         row per mixture component (see :class:`BernoulliMixture` for the background features).
     :param mixture: ``(C,)`` mixture weights (default equal).
-    :param float prior_inclusion: :math:`\pi_0`; :param float slab_scale: :math:`\tau`;
-        :param float noise_scale: :math:`\sigma` of the target model.
+    :param float prior_inclusion: :math:`\pi_0` of the target model.
+    :param float slab_scale: its :math:`\tau`.
+    :param float noise_scale: its :math:`\sigma`.
     :param int num_draws: number of draws :math:`S`.
     :param generator: a :class:`torch.Generator` for the draws (on the device of ``x``).
     :param core: ``(p,)`` boolean mask of the features drawn one by one (see :class:`BernoulliMixture`).

@@ -59,8 +59,10 @@ class SelectionResult:
     :ivar khat: Pareto :math:`\hat k` of the importance check; ``reliable`` is
         :math:`\hat k \le 0.7`.
     :ivar method: how the probabilities were obtained (``"reweighted"`` or ``"variational"``).
-    :ivar prior_inclusion, slab_scale, noise_scale: the model the probabilities refer to
-        (standardised units, see :func:`select_variables`).
+    :ivar family: ``"gaussian"`` or ``"bernoulli"``.
+    :ivar prior_inclusion: :math:`\pi_0` of the model the probabilities refer to.
+    :ivar slab_scale: its :math:`\tau` (standardised units, see :func:`select_variables`).
+    :ivar noise_scale: its :math:`\sigma` (``nan`` for bernoulli).
     :ivar variational_probabilities: ``(p,)`` the fit's probabilities before reweighting.
     :ivar feature_names: names of the features.
     :ivar details: everything else (ELBO trace, number of effects, ESS, seconds).
