@@ -216,9 +216,7 @@ def diabetes(markdown):
         seconds = time.perf_counter() - start
         err = float(np.abs(res.inclusion_probabilities - exact).max())
         errors.append(err)
-        rows.append(
-            [f"select_variables seed {seed}", f"{err:.3f}", f"{res.khat:.2f}", res.method, f"{seconds:.2f}"]
-        )
+        rows.append([f"select_variables seed {seed}", f"{err:.3f}", f"{res.khat:.2f}", res.method, f"{seconds:.2f}"])
     torch.manual_seed(0)
     model = SparseLinearRegression(10, noise_scale=sigma, prior_inclusion=0.5, slab="gaussian", prior_scale=1.0)
     train(model, x, y, objective="bayes", epochs=300, batch_size=x.shape[0], lr=0.05, seed=0, progress=False)
@@ -264,7 +262,7 @@ def parse_args(argv=None):
     parser.add_argument("--diabetes", action="store_true")
     parser.add_argument("--no-grid", action="store_true")
     parser.add_argument("--json", type=Path, help="append the raw records here as JSON lines (must not exist)")
-    parser.add_argument("--load", type=Path, nargs="*", default=[], help="also tabulate records of earlier --json files")
+    parser.add_argument("--load", type=Path, nargs="*", default=[], help="also tabulate earlier --json files")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     args.lasso_seeds = {int(k): int(v) for k, v in (s.split("=") for s in args.lasso_seeds)}

@@ -97,7 +97,8 @@ def test_one_single_effect_is_the_exact_single_effect_posterior():
     fit = fit_single_effects(torch.tensor(x), torch.tensor(y), num_effects=1, noise_variance=0.9, grow=False)
     tau = math.sqrt(fit.prior_variance[0].item())
     log_ml = np.array([log_marginal_dense(x, y, np.eye(6, dtype=bool)[j], tau, math.sqrt(0.9)) for j in range(6)])
-    np.testing.assert_allclose(fit.alpha[0].numpy(), np.exp(log_ml - logsumexp(log_ml)), rtol=1e-4)  # X products in float32
+    # rtol 1e-4: the fit takes its products with X in float32
+    np.testing.assert_allclose(fit.alpha[0].numpy(), np.exp(log_ml - logsumexp(log_ml)), rtol=1e-4)
     assert fit.converged and fit.elbo[-1] >= fit.elbo[0] - 1e-9
 
 

@@ -167,8 +167,10 @@ def fit_single_effects(
     :param int max_iter: at most this many sweeps per stage.
     :param float tol: stop when the ELBO changes by less than ``tol`` nats between sweeps.
     :param bool grow: when every effect has found a signal at convergence (each effect's Bayes
-        factor against no effect exceeds 10), double :math:`L` (warm start) and continue, up to ``max_effects`` (default ``min(p, 200)``): the number of effects is
-        then found from the data, not guessed.
+        factor against no effect exceeds 10), double :math:`L` (warm start) and continue, up
+        to ``max_effects`` (default ``min(p, 200)``): the number of effects is then found from
+        the data, not guessed.
+    :param init: a :class:`SingleEffectsFit` to start from (default: every effect off).
     :returns: :class:`SingleEffectsFit`.
     """
     n, p = x.shape

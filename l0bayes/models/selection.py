@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from ..analysis.importance import KHAT_THRESHOLD, importance_check, psis
-from ..inference.single_effects import credible_sets, fit_single_effects
 from ..distributions import kl_hard_concrete
+from ..inference.single_effects import credible_sets, fit_single_effects
 from ..nn.gates import prior_like
 
 FAMILIES = ("gaussian", "bernoulli")
@@ -206,7 +206,9 @@ def _standardise(x, y, family):
     if x.dim() != 2:
         raise ValueError(f"X must have shape (n, p), got {tuple(x.shape)}")
     if y.dim() != 1 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"y must have shape ({x.shape[0]},) to match X of shape {tuple(x.shape)}, got {tuple(y.shape)}")
+        raise ValueError(
+            f"y must have shape ({x.shape[0]},) to match X of shape {tuple(x.shape)}, got {tuple(y.shape)}"
+        )
     n = x.shape[0]
     if n < 3:
         raise ValueError(f"need at least 3 observations, got {n}")
@@ -294,7 +296,7 @@ def _reweight(x, y, pip, hyper, num_draws, rounds, generator):
     """
     p = x.shape[1]
     probs, check = pip, None
-    for r in range(rounds):
+    for _ in range(rounds):
         proposals, core = _proposals(probs, p)
         check = importance_check(x, y, proposals, *hyper, num_draws=num_draws, generator=generator, core=core)
         if check.reliable and check.ess >= 0.1 * num_draws:
@@ -327,10 +329,9 @@ def _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts):
     start = torch.maximum(start, _residual_inclusion(xs, yc, fit.coefficients(), *hyper))
     check = _reweight(xs, yc, start, hyper, opts["num_draws"], opts["rounds"], opts["generator"])
     variational = pip.cpu().numpy()
-    if check.reliable:
-        inclusion, coef, method = check.inclusion, check.coef_mean, "reweighted"
-    else:
-        inclusion, coef, method = variational, fit.coefficients().cpu().numpy(), "variational"
+    out = {"inclusion": check.inclusion, "coef": check.coef_mean, "method": "reweighted"}
+    if not check.reliable:
+        out = {"inclusion": variational, "coef": fit.coefficients().cpu().numpy(), "method": "variational"}
     details = {
         "num_effects": int(fit.alpha.shape[0]),
         "active_effects": int(fit.active.sum()),
@@ -339,7 +340,16 @@ def _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts):
         "ess": check.ess,
         "max_shift": check.max_shift,
     }
-    return inclusion, coef, variational, sets, check, hyper, method, details
+    return {
+        **out,
+        "variational": variational,
+        "sets": sets,
+        "khat": check.khat,
+        "draws": check.draws,
+        "log_weights": check.log_weights,
+        "hyper": hyper,
+        "details": details,
+    }
 
 
 # ------------------------------------------------------------------ Bernoulli
@@ -410,12 +420,19 @@ def _select_bernoulli(xs, y, prior_inclusion, slab_scale, opts):
     model, history = _logistic_fit(xs, y, prior_inclusion, slab_scale, opts)
     khat, inclusion, coef, draws, logw = _logistic_check(model, xs, y, slab_scale, opts["num_draws"], opts["generator"])
     variational = model.inclusion_probabilities().cpu().numpy()
-    if khat <= KHAT_THRESHOLD:
-        method = "reweighted"
-    else:
-        inclusion, coef, method = variational, model.coefficients().cpu().numpy(), "variational"
-    details = {"steps": len(history), "free_energy": history}
-    return inclusion, coef, variational, [], khat, draws, logw, (prior_inclusion, slab_scale, float("nan")), method, details
+    out = {"inclusion": inclusion, "coef": coef, "method": "reweighted"}
+    if khat > KHAT_THRESHOLD:
+        out = {"inclusion": variational, "coef": model.coefficients().cpu().numpy(), "method": "variational"}
+    return {
+        **out,
+        "variational": variational,
+        "sets": [],
+        "khat": khat,
+        "draws": draws.cpu().numpy(),
+        "log_weights": logw,
+        "hyper": (prior_inclusion, slab_scale, float("nan")),
+        "details": {"steps": len(history), "free_energy": history},
+    }
 
 
 # ------------------------------------------------------------------ entry point
@@ -463,7 +480,7 @@ def select_variables(
     device = torch.device(device)
     x = _as_tensor(X, "X", dtype, device)
     yt = _as_tensor(y, "y", dtype, device)
-    xs, yc, x_mean, x_scale = _standardise(x, yt, family)
+    xs, yc, _, x_scale = _standardise(x, yt, family)
     names = list(feature_names) if feature_names is not None else list(range(x.shape[1]))
     if len(names) != x.shape[1]:
         raise ValueError(f"{len(names)} feature names for {x.shape[1]} columns")
@@ -484,29 +501,24 @@ def select_variables(
     }
     torch.manual_seed(int(seed))
     if family == "gaussian":
-        inclusion, coef, variational, sets, check, hyper, method, details = _select_gaussian(
-            xs, yc, prior_inclusion, slab_scale, noise_scale, opts
-        )
-        khat, draws, logw = check.khat, check.draws, check.log_weights
+        fit = _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts)
     else:
-        inclusion, coef, variational, sets, khat, draws, logw, hyper, method, details = _select_bernoulli(
-            xs, yc, prior_inclusion, slab_scale, opts
-        )
+        fit = _select_bernoulli(xs, yc, prior_inclusion, slab_scale, opts)
     result = SelectionResult(
-        inclusion_probabilities=np.asarray(inclusion, dtype=np.float64),
-        coefficients=np.asarray(coef, dtype=np.float64) / x_scale.cpu().numpy(),
-        credible_sets=sets,
-        khat=float(khat),
-        method=method,
+        inclusion_probabilities=np.asarray(fit["inclusion"], dtype=np.float64),
+        coefficients=np.asarray(fit["coef"], dtype=np.float64) / x_scale.cpu().numpy(),
+        credible_sets=fit["sets"],
+        khat=float(fit["khat"]),
+        method=fit["method"],
         family=family,
-        prior_inclusion=hyper[0],
-        slab_scale=hyper[1],
-        noise_scale=hyper[2],
-        variational_probabilities=np.asarray(variational, dtype=np.float64),
+        prior_inclusion=fit["hyper"][0],
+        slab_scale=fit["hyper"][1],
+        noise_scale=fit["hyper"][2],
+        variational_probabilities=np.asarray(fit["variational"], dtype=np.float64),
         feature_names=names,
-        draws=np.asarray(draws),
-        log_weights=np.asarray(logw),
-        details=details,
+        draws=np.asarray(fit["draws"]),
+        log_weights=np.asarray(fit["log_weights"]),
+        details=fit["details"],
     )
     if not result.reliable:
         warnings.warn(result.diagnostic, RuntimeWarning, stacklevel=2)
