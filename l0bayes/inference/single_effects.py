@@ -70,7 +70,7 @@ class SingleEffectsFit:
     def inclusion_probabilities(self):
         r""":math:`1 - \prod_{l \text{ active}} (1 - \alpha_{lj})`, the probability that some effect picks ``j``."""
         alpha = self.alpha[self.active]
-        return -torch.expm1(torch.log1p(-alpha.clamp(max=1.0 - 1e-15)).sum(0))
+        return -torch.expm1(torch.log1p(-alpha).sum(0))
 
     def coefficients(self):
         r"""Posterior mean :math:`E[b] = \sum_l \alpha_l \odot \mu_l`."""
@@ -141,7 +141,8 @@ def credible_sets(x, alpha, active, coverage=0.95, min_abs_corr=0.5, max_size=20
     out, seen, effects = [], set(), []
     for l in torch.nonzero(active).flatten().tolist():
         probs, order = torch.sort(alpha[l], descending=True)
-        size = int(torch.searchsorted(torch.cumsum(probs, 0), torch.tensor(coverage, dtype=probs.dtype))) + 1
+        level = torch.tensor(coverage, dtype=probs.dtype, device=probs.device)
+        size = int(torch.searchsorted(torch.cumsum(probs, 0), level)) + 1
         members = tuple(sorted(order[: min(size, probs.numel())].tolist()))
         if len(members) > max_size or members in seen:
             continue

@@ -325,7 +325,7 @@ def _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts):
     if effects:
         kept[:] = False
         kept[effects] = True
-    start = -torch.expm1(torch.log1p(-fit.alpha[kept].clamp(max=1.0 - 1e-15)).sum(0))
+    start = -torch.expm1(torch.log1p(-fit.alpha[kept]).sum(0))
     start = torch.maximum(start, _residual_inclusion(xs, yc, fit.coefficients(), *hyper))
     check = _reweight(xs, yc, start, hyper, opts["num_draws"], opts["rounds"], opts["generator"])
     variational = pip.cpu().numpy()
