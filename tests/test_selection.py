@@ -201,6 +201,13 @@ def test_bernoulli_family_recovers_strong_effects():
     assert sorted(res.selected().tolist()) == [0, 3]
     assert res.coefficients[0] > 0 > res.coefficients[3]
     assert res.details["steps"] <= 600 and len(res.details["free_energy"]) == res.details["steps"]
+    state = torch.get_rng_state()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        again = l0bayes.select_variables(x, y, family="bernoulli", max_steps=200, seed=3)
+        twice = l0bayes.select_variables(x, y, family="bernoulli", max_steps=200, seed=3)
+    np.testing.assert_array_equal(again.variational_probabilities, twice.variational_probabilities)  # seeded
+    assert torch.equal(state, torch.get_rng_state())  # and the caller's generator untouched
 
 
 @pytest.mark.parametrize(

@@ -499,11 +499,13 @@ def select_variables(
         "generator": generator,
         **options,
     }
-    torch.manual_seed(int(seed))
-    if family == "gaussian":
-        fit = _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts)
-    else:
-        fit = _select_bernoulli(xs, yc, prior_inclusion, slab_scale, opts)
+    # the Bernoulli fit draws its gates from the global generator: seed it, leaving the caller's state alone
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(int(seed))
+        if family == "gaussian":
+            fit = _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts)
+        else:
+            fit = _select_bernoulli(xs, yc, prior_inclusion, slab_scale, opts)
     result = SelectionResult(
         inclusion_probabilities=np.asarray(fit["inclusion"], dtype=np.float64),
         coefficients=np.asarray(fit["coef"], dtype=np.float64) / x_scale.cpu().numpy(),
