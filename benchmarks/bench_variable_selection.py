@@ -116,7 +116,7 @@ def run_grid(args):
     records = []
     for p in args.p:
         for rho in args.rho:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.seeds):
                 x, y, truth = make_data(args.n, p, rho, args.effects, 1000 * seed + 7)
                 order = list(args.methods)
                 k = seed % len(order)
@@ -253,7 +253,8 @@ def parse_args(argv=None):
     parser.add_argument("--p", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.5, 0.9, 0.95])
     parser.add_argument("--effects", type=int, default=20)
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. SEEDS - 1")
+    parser.add_argument("--first-seed", type=int, default=0, help="start at this seed (to extend an earlier run)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument(
         "--lasso-seeds", nargs="*", default=[], metavar="P=K", help="run LassoCV on only K seeds at p = P"
