@@ -135,9 +135,8 @@ class SelectionResult:
         rng = np.random.default_rng(seed)
         w = np.exp(self.log_weights - np.max(self.log_weights))
         rows = rng.choice(len(w), size=num_draws, p=w / w.sum())
-        gamma = self.draws[rows].astype(np.int8).reshape(4, num_draws // 4, -1) if num_draws % 4 == 0 else None
-        if gamma is None:
-            gamma = self.draws[rows].astype(np.int8)[None]
+        chains = 4 if num_draws % 4 == 0 else 1  # chains of i.i.d. draws, as in to_inference_data for gates
+        gamma = self.draws[rows].astype(np.int8).reshape(chains, num_draws // chains, -1)
         names = np.asarray(self.feature_names)
         idata = az.from_dict(posterior={"gamma": gamma}, coords={"feature": names}, dims={"gamma": ["feature"]})
         import xarray as xr
