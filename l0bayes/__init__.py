@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["HardConcrete", "StretchedConcrete", "kl_hard_concrete", "__version__"]
+__all__ = ["HardConcrete", "StretchedConcrete", "kl_hard_concrete", "select_variables", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - for static analysis and documentation tools
     from .distributions import HardConcrete, StretchedConcrete, kl_hard_concrete
+    from .models.selection import select_variables
 
 
 def __getattr__(name):
@@ -19,6 +20,10 @@ def __getattr__(name):
         from . import distributions
 
         return getattr(distributions, name)
+    if name == "select_variables":  # imported on first use: it pulls in Pyro
+        from .models.selection import select_variables
+
+        return select_variables
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -1,0 +1,298 @@
+"""Variable selection on correlated designs: ``l0bayes.select_variables`` against SuSiE and LassoCV.
+
+The synthetic design of issue 12: ``n`` rows, ``p`` columns following an AR(1) process across
+columns (correlation ``rho`` between neighbours, unit variance), ``effects`` true coefficients at
+random positions with ``|b|`` uniform in [0.3, 1] and random signs, noise sd 1. Every method sees
+the same data; within a setting the methods run back to back, in an order that rotates with the
+seed. Reported per setting, as mean ± sd over seeds:
+
+* AUPRC of the true support (scikit-learn's average precision; inclusion probabilities for the
+  Bayesian methods, ``|coef|`` for the Lasso);
+* selected true / false (PIP > 0.5; non-zero coefficient for the Lasso);
+* the fraction true among PIP > 0.9;
+* wall time (seconds, one thread);
+* for l0bayes, Pareto k-hat of its importance check and how many runs passed it.
+
+Then a calibration table (PIP bins against the fraction truly included, pooled over all
+settings) and, with ``--diabetes``, the diabetes data against ``exact_inclusion_probabilities``
+(prior inclusion 0.5, slab sd 1, noise sd the OLS residual sd, standardised data), including the
+k-hat of the plain mean-field fit of notebook 02.
+
+Peers: ``pysusie`` (``susie(X, y, L=effects)``, its defaults otherwise: standardised X,
+intercept, estimated prior and residual variances) and ``sklearn.linear_model.LassoCV``
+(5-fold, 100 alphas); install them with ``pip install -e ".[bench]"``.
+
+Example::
+
+    python benchmarks/bench_variable_selection.py --p 1000 --rho 0 0.9 --seeds 3 --markdown
+    python benchmarks/bench_variable_selection.py --p 200 --n 300 --rho 0.9 --seeds 1 --methods l0bayes susie
+    python benchmarks/bench_variable_selection.py --diabetes --no-grid
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tables import format_table  # noqa: E402
+
+METHODS = ("l0bayes", "susie", "lassocv")
+BINS = (0.0, 0.1, 0.5, 0.9, 1.0 + 1e-12)
+
+
+def make_data(n, p, rho, effects, seed):
+    """The AR(1) design, a sparse coefficient vector and the response."""
+    rng = np.random.default_rng(seed)
+    noise = rng.standard_normal((n, p))
+    x = np.empty((n, p))
+    x[:, 0] = noise[:, 0]
+    scale = np.sqrt(1.0 - rho**2)
+    for j in range(1, p):
+        x[:, j] = rho * x[:, j - 1] + scale * noise[:, j]
+    beta = np.zeros(p)
+    support = rng.choice(p, size=effects, replace=False)
+    beta[support] = rng.uniform(0.3, 1.0, effects) * rng.choice([-1.0, 1.0], effects)
+    return x, x @ beta + rng.standard_normal(n), beta != 0
+
+
+def run_l0bayes(x, y, effects):
+    import l0bayes
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = l0bayes.select_variables(x, y)
+    return result.inclusion_probabilities, {"khat": result.khat, "reliable": result.reliable}
+
+
+def run_susie(x, y, effects):
+    import pysusie
+
+    return np.asarray(pysusie.susie(x, y, L=effects).pip), {}
+
+
+def run_lassocv(x, y, effects):
+    from sklearn.linear_model import LassoCV
+
+    fit = LassoCV(cv=5, alphas=100, random_state=0, n_jobs=1).fit(x, y)
+    return np.abs(fit.coef_), {"lasso": True}
+
+
+RUNNERS = {"l0bayes": run_l0bayes, "susie": run_susie, "lassocv": run_lassocv}
+
+
+def score(truth, score_, lasso):
+    from sklearn.metrics import average_precision_score
+
+    selected = score_ > 0 if lasso else score_ > 0.5
+    high = score_ > 0.9
+    return {
+        "auprc": float(average_precision_score(truth, score_)),
+        "sel_true": int((selected & truth).sum()),
+        "sel_false": int((selected & ~truth).sum()),
+        "true_among_high": float(truth[high].mean()) if high.any() and not lasso else float("nan"),
+        "num_high": int(high.sum()) if not lasso else 0,
+    }
+
+
+def warm_up(methods):
+    """One tiny run of every method first, so that imports and first-call costs are not timed."""
+    x, y, _ = make_data(60, 30, 0.5, 3, 0)
+    for method in methods:
+        RUNNERS[method](x, y, 3)
+
+
+def run_grid(args):
+    warm_up(args.methods)
+    records = []
+    for p in args.p:
+        for rho in args.rho:
+            for seed in range(args.first_seed, args.seeds):
+                x, y, truth = make_data(args.n, p, rho, args.effects, 1000 * seed + 7)
+                order = list(args.methods)
+                k = seed % len(order)
+                for method in order[k:] + order[:k]:
+                    if method == "lassocv" and seed >= args.lasso_seeds.get(p, args.seeds):
+                        continue
+                    start = time.perf_counter()
+                    pip, extra = RUNNERS[method](x, y, args.effects)
+                    seconds = time.perf_counter() - start
+                    rec = {"p": p, "rho": rho, "seed": seed, "method": method, "seconds": seconds, **extra}
+                    rec.update(score(truth, pip, method == "lassocv"))
+                    if method != "lassocv":
+                        rec["bins"] = calibration_counts(pip, truth)
+                    records.append(rec)
+                    print(json.dumps({k: v for k, v in rec.items() if k != "bins"}), flush=True)
+                    if args.json is not None:
+                        with args.json.open("a") as f:
+                            f.write(json.dumps(rec) + "\n")
+    return records
+
+
+def calibration_counts(pip, truth):
+    """Per PIP bin: number of features and number truly included."""
+    idx = np.digitize(pip, BINS) - 1
+    return [[int((idx == b).sum()), int(truth[idx == b].sum())] for b in range(len(BINS) - 1)]
+
+
+def _ms(values, digits=3):
+    values = [v for v in values if v == v]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def summary_tables(records, markdown):
+    rows = []
+    keys = sorted({(r["p"], r["rho"], r["method"]) for r in records}, key=lambda k: (k[0], k[1], METHODS.index(k[2])))
+    for p, rho, method in keys:
+        rs = [r for r in records if (r["p"], r["rho"], r["method"]) == (p, rho, method)]
+        khat = ""
+        if method == "l0bayes":
+            khat = f"{_ms([r['khat'] for r in rs], 2)} ({sum(r['reliable'] for r in rs)}/{len(rs)} pass)"
+        rows.append(
+            [
+                str(p),
+                f"{rho:g}",
+                method,
+                str(len(rs)),
+                _ms([r["auprc"] for r in rs]),
+                f"{_ms([r['sel_true'] for r in rs], 1)} / {_ms([r['sel_false'] for r in rs], 1)}",
+                _ms([r["true_among_high"] for r in rs]),
+                _ms([r["seconds"] for r in rs], 1),
+                khat,
+            ]
+        )
+    header = ["p", "rho", "method", "seeds", "AUPRC", "selected true / false", "true among PIP>0.9", "seconds", "k-hat"]
+    out = [format_table(header, rows, markdown)]
+    cal_rows = []
+    for method in ("l0bayes", "susie"):
+        rs = [r for r in records if r["method"] == method]
+        if not rs:
+            continue
+        counts = np.sum([r["bins"] for r in rs], axis=0)
+        for b in range(len(BINS) - 1):
+            num, true = counts[b]
+            hi = "1.0]" if b == len(BINS) - 2 else f"{BINS[b + 1]:g})"
+            frac = f"{true / num:.3f}" if num else "-"
+            cal_rows.append([method, f"[{BINS[b]:g}, {hi}", str(num), str(true), frac])
+    out.append(format_table(["method", "PIP bin", "features", "truly included", "fraction"], cal_rows, markdown))
+    return "\n\n".join(out)
+
+
+def diabetes(markdown):
+    """select_variables and the plain mean-field fit against exact enumeration on the diabetes data."""
+    from sklearn.datasets import load_diabetes
+
+    import l0bayes
+    from l0bayes.analysis import exact_inclusion_probabilities, ols_noise_scale
+    from l0bayes.analysis.importance import gate_importance_check
+    from l0bayes.inference import train
+    from l0bayes.models import SparseLinearRegression
+
+    data = load_diabetes()
+    x = torch.tensor(data.data, dtype=torch.float32)
+    x = (x - x.mean(0)) / x.std(0)
+    y = torch.tensor(data.target, dtype=torch.float32)
+    y = (y - y.mean()) / y.std()
+    xn, yn = x.double().numpy(), y.double().numpy()
+    sigma = ols_noise_scale(xn, yn)
+    exact = exact_inclusion_probabilities(xn, yn, 0.5, 1.0, sigma).inclusion
+    rows, errors = [], []
+    for seed in range(3):
+        start = time.perf_counter()
+        res = l0bayes.select_variables(xn, yn, prior_inclusion=0.5, slab_scale=1.0, noise_scale=sigma, seed=seed)
+        seconds = time.perf_counter() - start
+        err = float(np.abs(res.inclusion_probabilities - exact).max())
+        errors.append(err)
+        rows.append([f"select_variables seed {seed}", f"{err:.3f}", f"{res.khat:.2f}", res.method, f"{seconds:.2f}"])
+    torch.manual_seed(0)
+    model = SparseLinearRegression(10, noise_scale=sigma, prior_inclusion=0.5, slab="gaussian", prior_scale=1.0)
+    train(model, x, y, objective="bayes", epochs=300, batch_size=x.shape[0], lr=0.05, seed=0, progress=False)
+    mf = model.inclusion_probabilities().double().numpy()
+    for seed in range(3):
+        check = gate_importance_check(model, xn, yn, seed=seed)
+        rows.append(
+            [
+                f"mean-field fit (notebook 02), check seed {seed}",
+                f"{np.abs(mf - exact).max():.3f}",
+                f"{check.khat:.2f}",
+                "flagged" if not check.reliable else "passed",
+                "-",
+            ]
+        )
+    header = ["diabetes (p = 10)", "max abs error vs exact", "k-hat", "result", "seconds"]
+    table = format_table(header, rows, markdown)
+    names = list(data.feature_names)
+    probs = format_table(
+        ["", *names],
+        [
+            ["exact", *(f"{v:.3f}" for v in exact)],
+            ["select_variables", *(f"{v:.3f}" for v in res.inclusion_probabilities)],
+            ["mean-field", *(f"{v:.3f}" for v in mf)],
+        ],
+        markdown,
+    )
+    return table + "\n\n" + probs
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--p", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.5, 0.9, 0.95])
+    parser.add_argument("--effects", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. SEEDS - 1")
+    parser.add_argument("--first-seed", type=int, default=0, help="start at this seed (to extend an earlier run)")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument(
+        "--lasso-seeds", nargs="*", default=[], metavar="P=K", help="run LassoCV on only K seeds at p = P"
+    )
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--diabetes", action="store_true")
+    parser.add_argument("--no-grid", action="store_true")
+    parser.add_argument("--json", type=Path, help="append the raw records here as JSON lines (must not exist)")
+    parser.add_argument("--load", type=Path, nargs="*", default=[], help="also tabulate earlier --json files")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    args.lasso_seeds = {int(k): int(v) for k, v in (s.split("=") for s in args.lasso_seeds)}
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    if args.json is not None and args.json.exists():
+        raise SystemExit(f"{args.json} exists; not overwriting it")
+    print(
+        f"# {datetime.date.today()} {platform.node()} {platform.processor() or platform.machine()}, "
+        f"torch {torch.__version__}, {args.threads} thread(s), cmd: {' '.join(sys.argv)}",
+        flush=True,
+    )
+    records = []
+    for path in args.load:
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not args.no_grid:
+        records += run_grid(args)
+    if records:
+        print(summary_tables(records, args.markdown))
+    if args.diabetes:
+        print()
+        print(diabetes(args.markdown))
+    return records
+
+
+if __name__ == "__main__":
+    main()

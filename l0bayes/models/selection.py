@@ -1,0 +1,526 @@
+r"""Variable selection for people who are not Pyro users: :func:`select_variables`.
+
+Gaussian family (the default). Three steps, each chosen by measurement (the variable-selection
+guide of the docs has the numbers):
+
+1. Standardise: every column of ``X`` is centred and scaled to unit sample standard deviation
+   (``ddof=1``), ``y`` is centred (not scaled). ``slab_scale`` (the prior sd of a coefficient)
+   and ``noise_scale`` are therefore in units of ``y`` per standard deviation of a feature,
+   exactly the model of :func:`~l0bayes.analysis.exact_inclusion_probabilities` applied to the
+   standardised data.
+2. Fit a structured guide, a sum of single effects
+   (:func:`~l0bayes.inference.single_effects.fit_single_effects`): each effect picks one of a
+   group of correlated features and spreads its probability over the group, where a mean-field
+   guide commits to one member. The number of effects grows until one stays empty, and the
+   fit stops when its ELBO has stabilised.
+3. Check and correct: the fit's probabilities define a product-Bernoulli proposal; its draws are
+   reweighted to the exact collapsed posterior of the spike-and-slab model with
+   ``prior_inclusion``, ``slab_scale`` and ``noise_scale`` (Pareto-smoothed importance sampling,
+   :mod:`l0bayes.analysis.importance`), in two or three adaptive rounds. With Pareto
+   :math:`\hat k \le 0.7` the reweighted probabilities are returned (they estimate the exact
+   ones); above, the fit's own probabilities are returned and the result says they are not
+   checked.
+
+Bernoulli family: the mean-field hard concrete model
+(:class:`~l0bayes.models.SparseLogisticRegression`, Gaussian slab) fitted full batch until the
+free energy stabilises; its draws :math:`(z, \tilde\theta)` are reweighted to the exact joint
+density (the mixed log-density of the gates, Eq. 26, and the slab), with the same
+:math:`\hat k` diagnostic.
+"""
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..analysis.importance import KHAT_THRESHOLD, importance_check, psis
+from ..distributions import kl_hard_concrete
+from ..inference.single_effects import credible_sets, fit_single_effects
+from ..nn.gates import prior_like
+
+FAMILIES = ("gaussian", "bernoulli")
+UNRELIABLE = (
+    "Pareto k-hat = {khat:.2f} > 0.7: these inclusion probabilities could not be checked against the "
+    "exact posterior; do not trust individual probabilities, trust only the credible sets (if any)."
+)
+
+
+@dataclass
+class SelectionResult:
+    r"""What :func:`select_variables` returns.
+
+    :ivar inclusion_probabilities: ``(p,)`` numpy, :math:`P(\gamma_j = 1 \mid y)`.
+    :ivar coefficients: ``(p,)`` numpy, posterior mean coefficients in the units of the
+        original ``X`` and ``y``.
+    :ivar credible_sets: list of arrays of feature indices, each a 95% set that holds one effect
+        (Gaussian family; minimum absolute correlation within a set at least 0.5).
+    :ivar khat: Pareto :math:`\hat k` of the importance check; ``reliable`` is
+        :math:`\hat k \le 0.7`.
+    :ivar method: how the probabilities were obtained (``"reweighted"`` or ``"variational"``).
+    :ivar family: ``"gaussian"`` or ``"bernoulli"``.
+    :ivar prior_inclusion: :math:`\pi_0` of the model the probabilities refer to.
+    :ivar slab_scale: its :math:`\tau` (standardised units, see :func:`select_variables`).
+    :ivar noise_scale: its :math:`\sigma` (``nan`` for bernoulli).
+    :ivar variational_probabilities: ``(p,)`` the fit's probabilities before reweighting.
+    :ivar feature_names: names of the features.
+    :ivar details: everything else (ELBO trace, number of effects, ESS, seconds).
+    """
+
+    inclusion_probabilities: np.ndarray
+    coefficients: np.ndarray
+    credible_sets: list
+    khat: float
+    method: str
+    family: str
+    prior_inclusion: float
+    slab_scale: float
+    noise_scale: float
+    variational_probabilities: np.ndarray
+    feature_names: list
+    draws: np.ndarray = field(repr=False, default=None)
+    log_weights: np.ndarray = field(repr=False, default=None)
+    details: dict = field(default_factory=dict)
+
+    @property
+    def reliable(self):
+        r"""``True`` when the importance check passed (:math:`\hat k \le 0.7`)."""
+        return bool(self.khat <= KHAT_THRESHOLD)
+
+    @property
+    def diagnostic(self):
+        """One line: when (not) to trust the probabilities."""
+        if self.reliable:
+            return (
+                f"Pareto k-hat = {self.khat:.2f} <= 0.7: the probabilities are importance-reweighted to the "
+                "exact posterior of the stated model and can be trusted up to Monte Carlo error."
+            )
+        return UNRELIABLE.format(khat=self.khat)
+
+    def selected(self, threshold=0.5):
+        """Indices of the features whose inclusion probability exceeds ``threshold`` (median probability model)."""
+        return np.flatnonzero(self.inclusion_probabilities > threshold)
+
+    def summary(self):
+        """A pandas table: probability, coefficient and credible set of every feature, most probable first."""
+        import pandas as pd
+
+        cs = np.full(len(self.feature_names), -1)
+        for k, members in enumerate(self.credible_sets):
+            cs[members] = k
+        table = pd.DataFrame(
+            {
+                "inclusion": self.inclusion_probabilities,
+                "variational": self.variational_probabilities,
+                "coefficient": self.coefficients,
+                "credible_set": cs,
+            },
+            index=pd.Index(self.feature_names, name="feature"),
+        )
+        return table.sort_values("inclusion", ascending=False)
+
+    def to_inference_data(self, num_draws=1000, seed=0):
+        r"""An :class:`arviz.InferenceData`: ``posterior["gamma"]`` with dims ``(chain, draw, feature)``.
+
+        The draws are resampled from the importance-weighted proposal draws (with the weights,
+        so their means are :attr:`inclusion_probabilities` up to Monte Carlo error; when the
+        check failed the weights are still used and :attr:`reliable` is ``False``). The
+        ``selection`` group holds ``inclusion``, ``variational`` and ``coefficient`` per
+        feature; its ``attrs`` hold ``khat``, ``reliable``, ``method`` and the prior.
+        """
+        from ..analysis.inference_data import import_arviz
+
+        az = import_arviz()
+        rng = np.random.default_rng(seed)
+        w = np.exp(self.log_weights - np.max(self.log_weights))
+        rows = rng.choice(len(w), size=num_draws, p=w / w.sum())
+        chains = 4 if num_draws % 4 == 0 else 1  # chains of i.i.d. draws, as in to_inference_data for gates
+        gamma = self.draws[rows].astype(np.int8).reshape(chains, num_draws // chains, -1)
+        names = np.asarray(self.feature_names)
+        idata = az.from_dict(posterior={"gamma": gamma}, coords={"feature": names}, dims={"gamma": ["feature"]})
+        import xarray as xr
+
+        selection = xr.Dataset(
+            {
+                "inclusion": ("feature", self.inclusion_probabilities),
+                "variational": ("feature", self.variational_probabilities),
+                "coefficient": ("feature", self.coefficients),
+            },
+            coords={"feature": names},
+            attrs={
+                "khat": self.khat,
+                "reliable": int(self.reliable),
+                "method": self.method,
+                "family": self.family,
+                "prior_inclusion": self.prior_inclusion,
+                "slab_scale": self.slab_scale,
+                "noise_scale": self.noise_scale,
+            },
+        )
+        idata.add_groups({"selection": selection})
+        return idata
+
+    def plot(self, ax=None, top=30, exact=None):
+        """Bar chart of the ``top`` largest probabilities (variational as open bars, ``exact`` as crosses if given).
+
+        Returns ``(fig, ax)``; features in the same credible set share a colour.
+        """
+        from ..analysis.plots import _axes
+
+        fig, ax = _axes(ax, figsize=(6.0, 3.5))
+        order = np.argsort(-self.inclusion_probabilities)[: min(top, len(self.feature_names))]
+        colours = np.full(len(self.feature_names), "0.6", dtype=object)
+        for k, members in enumerate(self.credible_sets):
+            colours[members] = f"C{k % 10}"
+        pos = np.arange(len(order))
+        ax.bar(pos, self.inclusion_probabilities[order], color=list(colours[order]), label=self.method)
+        ax.bar(pos, self.variational_probabilities[order], fill=False, edgecolor="k", lw=0.7, label="variational fit")
+        if exact is not None:
+            ax.plot(pos, np.asarray(exact)[order], "kx", label="exact")
+        ax.set_xticks(pos, [str(self.feature_names[j]) for j in order], rotation=90, fontsize=7)
+        ax.set_ylim(0, 1.02)
+        ax.set_ylabel("inclusion probability")
+        ax.set_title(f"k-hat = {self.khat:.2f} ({'reliable' if self.reliable else 'not checked'})", fontsize=9)
+        ax.legend(fontsize=7)
+        return fig, ax
+
+
+# ------------------------------------------------------------------ inputs
+def _as_tensor(a, name, dtype, device):
+    if isinstance(a, torch.Tensor):
+        t = a.detach().to(device=device, dtype=dtype)
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=dtype, device=device)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{name} must be a numeric array or tensor") from err
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return t
+
+
+def _standardise(x, y, family):
+    """Centre and scale the columns of ``x`` (ddof=1); centre ``y`` for the Gaussian family."""
+    if x.dim() != 2:
+        raise ValueError(f"X must have shape (n, p), got {tuple(x.shape)}")
+    if y.dim() != 1 or y.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"y must have shape ({x.shape[0]},) to match X of shape {tuple(x.shape)}, got {tuple(y.shape)}"
+        )
+    n = x.shape[0]
+    if n < 3:
+        raise ValueError(f"need at least 3 observations, got {n}")
+    mean, scale = x.mean(0), x.std(0)
+    constant = torch.nonzero(~(scale > 1e-12 * (1.0 + mean.abs()))).flatten()
+    if constant.numel():
+        raise ValueError(f"X has constant columns {constant.tolist()[:10]}: drop them (they cannot be selected)")
+    if family == "bernoulli":
+        if not bool(((y == 0) | (y == 1)).all()):
+            raise ValueError("family='bernoulli' needs y in {0, 1}")
+        yc = y
+    else:
+        if float(y.std()) == 0.0:
+            raise ValueError("y is constant: nothing to select")
+        yc = y - y.mean()
+    return (x - mean) / scale, yc, mean, scale
+
+
+def _check_hyper(prior_inclusion, slab_scale, noise_scale):
+    if prior_inclusion is not None and not 0.0 < prior_inclusion < 1.0:
+        raise ValueError(f"prior_inclusion must lie in (0, 1), got {prior_inclusion}")
+    for name, v in (("slab_scale", slab_scale), ("noise_scale", noise_scale)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{name} must be positive, got {v}")
+
+
+# ------------------------------------------------------------------ Gaussian
+def _target_defaults(fit, pip, prior_inclusion, slab_scale, noise_scale):
+    """Empirical-Bayes values of the target model's prior where the user gave none."""
+    p = pip.numel()
+    if noise_scale is None:
+        noise_scale = math.sqrt(fit.noise_variance)
+    if prior_inclusion is None:
+        prior_inclusion = min(max(float(pip.sum()), 1.0) / p, 0.5)
+    if slab_scale is None:
+        coef = fit.coefficients()[pip > 0.5]
+        slab_scale = float(coef.pow(2).mean().sqrt()) if coef.numel() else math.sqrt(float(fit.prior_variance.max()))
+        slab_scale = max(slab_scale, 1e-3 * noise_scale)
+    return float(prior_inclusion), float(slab_scale), float(noise_scale)
+
+
+CORE = 1e-3  # features below this probability are proposed as one exchangeable background block
+MAX_CORE = 200  # and so are all but the MAX_CORE most probable ones
+
+
+def _residual_inclusion(x, y, coef, prior_inclusion, slab_scale, noise_scale):
+    r"""Probability that feature :math:`j` enters a model that already holds the fit, one at a time.
+
+    With the residual :math:`r = y - X\bar b`, :math:`\hat\beta_j = x_j^\top r / d_j` and
+    :math:`s_j^2 = \sigma^2 / d_j`: :math:`\pi_0 \mathrm{BF}_j / (1 - \pi_0 + \pi_0 \mathrm{BF}_j)`
+    with the Bayes factor of the single-effect regression at :math:`V = \tau^2`. It gives the
+    proposal the weak signals that the fit's effects left out.
+    """
+    d = (x * x).sum(0)
+    bhat = (x.T @ (y - x @ coef)) / d
+    s2 = noise_scale**2 / d
+    lbf = 0.5 * torch.log(s2 / (slab_scale**2 + s2)) + 0.5 * bhat**2 * slab_scale**2 / (s2 * (slab_scale**2 + s2))
+    return torch.sigmoid(lbf + math.log(prior_inclusion) - math.log1p(-prior_inclusion))
+
+
+def _proposals(probs, p):
+    """Two product-Bernoulli components and the core mask.
+
+    The first is the probabilities clipped to ``[0.1/p, 1 - 0.1/p]``; the second, defensive,
+    moves them towards 1/2 by ``1/p``, :math:`(a_j + 1/p) / (1 + 2/p)`: about one extra feature
+    per draw for large ``p``, a visible flattening for small ``p``. Features below :data:`CORE`
+    (and all but the :data:`MAX_CORE` most probable) are the exchangeable background of
+    :class:`~l0bayes.analysis.importance.BernoulliMixture`.
+    """
+    floor = 0.1 / p
+    clipped = probs.clamp(floor, 1.0 - floor)
+    flat = (clipped + 1.0 / p) / (1.0 + 2.0 / p)
+    core = probs >= CORE
+    if int(core.sum()) > MAX_CORE:
+        core = torch.zeros_like(core)
+        core[torch.topk(probs, MAX_CORE).indices] = True
+    return torch.stack([clipped, flat]), core
+
+
+def _reweight(x, y, pip, hyper, num_draws, rounds, generator):
+    """Adaptive importance sampling: round ``r + 1`` proposes from round ``r``'s reweighted probabilities.
+
+    Stops at the first round with k-hat at most 0.7 and an effective sample size of at least a
+    tenth of the draws.
+    """
+    p = x.shape[1]
+    probs, check = pip, None
+    for _ in range(rounds):
+        proposals, core = _proposals(probs, p)
+        check = importance_check(x, y, proposals, *hyper, num_draws=num_draws, generator=generator, core=core)
+        if check.reliable and check.ess >= 0.1 * num_draws:
+            break
+        # the next round adapts the core features only: a background feature's estimate rests on
+        # the few draws that happened to include it
+        probs = torch.where(core, torch.as_tensor(check.inclusion, dtype=x.dtype, device=x.device), pip)
+    return check
+
+
+def _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts):
+    fit = fit_single_effects(
+        xs,
+        yc,
+        num_effects=opts["num_effects"],
+        noise_variance=None if noise_scale is None else noise_scale**2,
+        tol=opts["tol"],
+        max_iter=opts["max_iter"],
+    )
+    pip = fit.inclusion_probabilities()
+    hyper = _target_defaults(fit, pip, prior_inclusion, slab_scale, noise_scale)
+    sets, effects = credible_sets(xs, fit.alpha, fit.active)
+    # The proposal uses only the effects with a credible set: a diffuse effect (a tiny prior
+    # variance spread over every feature) would only add random features to each draw.
+    kept = fit.active.clone()
+    if effects:
+        kept[:] = False
+        kept[effects] = True
+    start = -torch.expm1(torch.log1p(-fit.alpha[kept]).sum(0))
+    start = torch.maximum(start, _residual_inclusion(xs, yc, fit.coefficients(), *hyper))
+    check = _reweight(xs, yc, start, hyper, opts["num_draws"], opts["rounds"], opts["generator"])
+    variational = pip.cpu().numpy()
+    out = {"inclusion": check.inclusion, "coef": check.coef_mean, "method": "reweighted"}
+    if not check.reliable:
+        out = {"inclusion": variational, "coef": fit.coefficients().cpu().numpy(), "method": "variational"}
+    details = {
+        "num_effects": int(fit.alpha.shape[0]),
+        "active_effects": int(fit.active.sum()),
+        "elbo": fit.elbo,
+        "converged": fit.converged,
+        "ess": check.ess,
+        "max_shift": check.max_shift,
+    }
+    return {
+        **out,
+        "variational": variational,
+        "sets": sets,
+        "khat": check.khat,
+        "draws": check.draws,
+        "log_weights": check.log_weights,
+        "hyper": hyper,
+        "details": details,
+    }
+
+
+# ------------------------------------------------------------------ Bernoulli
+def _logistic_free_energy(model, x, y):
+    """One-sample estimate of the free energy (Eq. 21): NLL + gate KL (Eq. 28) + slab cost (Eq. 20)."""
+    z = model.gate()
+    noise = torch.randn_like(model.weight)
+    logits = x @ model._coefficients(z, noise) + model.bias
+    nll = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="sum")
+    gate_kl = kl_hard_concrete(model.gate.distribution(), prior_like(model.prior, model.weight)).sum()
+    return nll + gate_kl + model._code_cost(x.shape[0])
+
+
+def _logistic_fit(xs, y, prior_inclusion, slab_scale, opts):
+    """Full-batch Adam on the mean-field free energy until it stops improving.
+
+    Every ``window`` steps the mean of the last ``window`` one-sample estimates is compared
+    with the mean of the ``window`` before: the fit stops when, at two checks in a row, they
+    differ by less than two standard errors of the difference (the objective has stabilised
+    within its own noise) or by less than ``tol`` relative.
+    """
+    from .regression import SparseLogisticRegression
+
+    model = SparseLogisticRegression(
+        xs.shape[1], prior_inclusion=prior_inclusion, slab="gaussian", prior_scale=slab_scale
+    ).to(device=xs.device, dtype=xs.dtype)
+    optim = torch.optim.Adam(model.parameters(), lr=opts["lr"])
+    history, window, calm = [], 200, 0
+    for step in range(1, opts["max_steps"] + 1):
+        optim.zero_grad()
+        loss = _logistic_free_energy(model, xs, y)
+        loss.backward()
+        optim.step()
+        history.append(loss.item())
+        if step >= 3 * window and step % window == 0:
+            now, before = np.asarray(history[-window:]), np.asarray(history[-2 * window : -window])
+            gap = abs(before.mean() - now.mean())
+            se = math.sqrt((now.var() + before.var()) / window)
+            calm = calm + 1 if gap < 2.0 * se or gap < opts["tol"] * (1.0 + abs(now.mean())) else 0
+            if calm == 2:
+                break
+    return model, history
+
+
+def _logistic_check(model, xs, y, slab_scale, num_draws, generator):
+    """Importance weights of the guide's joint draws ``(z, theta)`` against the exact joint density."""
+    from torch.distributions import Bernoulli, Normal
+
+    with torch.no_grad():
+        q_gate, prior = model.gate.distribution(), prior_like(model.prior, model.weight)
+        z = q_gate.sample((num_draws,))
+        mu, s = model.weight, model.slab_log_scale.exp()
+        theta = mu + s * torch.randn(num_draws, mu.numel(), dtype=xs.dtype, device=xs.device, generator=generator)
+        logits = (theta * z) @ xs.T + model.bias
+        log_lik = Bernoulli(logits=logits).log_prob(y).sum(1)
+        log_gate = (prior.log_prob(z) - q_gate.log_prob(z)).sum(1)
+        slab = Normal(0.0, slab_scale).log_prob(theta) - Normal(mu, s).log_prob(theta)
+        log_slab = torch.where(z != 0, slab, torch.zeros_like(slab)).sum(1)
+        smoothed, khat = psis((log_lik + log_gate + log_slab).cpu().numpy())
+        w = torch.as_tensor(np.exp(smoothed), dtype=xs.dtype, device=xs.device)
+        draws = z != 0
+        return khat, (w @ draws.to(xs.dtype)).cpu().numpy(), (w @ (theta * z)).cpu().numpy(), draws, smoothed
+
+
+def _select_bernoulli(xs, y, prior_inclusion, slab_scale, opts):
+    prior_inclusion = 0.5 if prior_inclusion is None else prior_inclusion
+    slab_scale = 1.0 if slab_scale is None else slab_scale
+    model, history = _logistic_fit(xs, y, prior_inclusion, slab_scale, opts)
+    khat, inclusion, coef, draws, logw = _logistic_check(model, xs, y, slab_scale, opts["num_draws"], opts["generator"])
+    variational = model.inclusion_probabilities().cpu().numpy()
+    out = {"inclusion": inclusion, "coef": coef, "method": "reweighted"}
+    if khat > KHAT_THRESHOLD:
+        out = {"inclusion": variational, "coef": model.coefficients().cpu().numpy(), "method": "variational"}
+    return {
+        **out,
+        "variational": variational,
+        "sets": [],
+        "khat": khat,
+        "draws": draws.cpu().numpy(),
+        "log_weights": logw,
+        "hyper": (prior_inclusion, slab_scale, float("nan")),
+        "details": {"steps": len(history), "free_energy": history},
+    }
+
+
+# ------------------------------------------------------------------ entry point
+def select_variables(
+    X,
+    y,
+    family="gaussian",
+    prior_inclusion=None,
+    slab_scale=None,
+    noise_scale=None,
+    feature_names=None,
+    device=None,
+    dtype=torch.float64,
+    num_draws=2000,
+    seed=0,
+    **options,
+):
+    r"""Which features of ``X`` matter for ``y``? Inclusion probabilities you can check.
+
+    :param X: ``(n, p)`` numpy array or tensor (no NaN, no constant column; ``p > n`` is fine).
+    :param y: ``(n,)``: real for ``family="gaussian"``, 0/1 for ``family="bernoulli"``.
+    :param prior_inclusion: :math:`\pi_0`, the prior probability that a feature is included;
+        ``None``: estimated (the fit's expected number of effects over :math:`p`; 0.5 for bernoulli).
+    :param slab_scale: :math:`\tau`, the prior sd of an included coefficient per standard
+        deviation of its feature; ``None``: the root mean square of the selected coefficients
+        (1 for bernoulli).
+    :param noise_scale: :math:`\sigma`, fixed when given (Gaussian family); else estimated.
+    :param feature_names: names for the result (default the column indices).
+    :param device: where to compute (``"cpu"``, ``"cuda"``; default: the device of a tensor ``X``, else CPU).
+    :param int num_draws: importance-sampling draws per round.
+    :param options: advanced: ``num_effects`` (10, the starting number of single effects),
+        ``tol`` (1e-3 nats for the ELBO; 1e-4 relative for bernoulli), ``max_iter`` (100 sweeps),
+        ``rounds`` (3 adaptive rounds at most), ``lr`` (0.05) and ``max_steps`` (5000) for bernoulli.
+    :returns: :class:`SelectionResult`; ``result.diagnostic`` says in one line whether to trust it.
+
+    With ``prior_inclusion``, ``slab_scale`` and ``noise_scale`` all given, the Gaussian result
+    estimates :func:`~l0bayes.analysis.exact_inclusion_probabilities` of the standardised data
+    with the same arguments. A warning is issued when the check fails.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    _check_hyper(prior_inclusion, slab_scale, noise_scale)
+    if device is None:
+        device = X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
+    device = torch.device(device)
+    x = _as_tensor(X, "X", dtype, device)
+    yt = _as_tensor(y, "y", dtype, device)
+    xs, yc, _, x_scale = _standardise(x, yt, family)
+    names = list(feature_names) if feature_names is not None else list(range(x.shape[1]))
+    if len(names) != x.shape[1]:
+        raise ValueError(f"{len(names)} feature names for {x.shape[1]} columns")
+    unknown = set(options) - {"num_effects", "tol", "max_iter", "rounds", "lr", "max_steps"}
+    if unknown:
+        raise TypeError(f"unknown options {sorted(unknown)}")
+    generator = torch.Generator(device=device).manual_seed(int(seed))
+    opts = {
+        "num_effects": 10,
+        "tol": 1e-3 if family == "gaussian" else 1e-4,
+        "max_iter": 100,
+        "rounds": 3,
+        "lr": 0.05,
+        "max_steps": 5000,
+        "num_draws": int(num_draws),
+        "generator": generator,
+        **options,
+    }
+    # the Bernoulli fit draws its gates from the global generator: seed it, leaving the caller's state alone
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(int(seed))
+        if family == "gaussian":
+            fit = _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts)
+        else:
+            fit = _select_bernoulli(xs, yc, prior_inclusion, slab_scale, opts)
+    result = SelectionResult(
+        inclusion_probabilities=np.asarray(fit["inclusion"], dtype=np.float64),
+        coefficients=np.asarray(fit["coef"], dtype=np.float64) / x_scale.cpu().numpy(),
+        credible_sets=fit["sets"],
+        khat=float(fit["khat"]),
+        method=fit["method"],
+        family=family,
+        prior_inclusion=fit["hyper"][0],
+        slab_scale=fit["hyper"][1],
+        noise_scale=fit["hyper"][2],
+        variational_probabilities=np.asarray(fit["variational"], dtype=np.float64),
+        feature_names=names,
+        draws=np.asarray(fit["draws"]),
+        log_weights=np.asarray(fit["log_weights"]),
+        details=fit["details"],
+    )
+    if not result.reliable:
+        warnings.warn(result.diagnostic, RuntimeWarning, stacklevel=2)
+    return result

@@ -1,0 +1,273 @@
+"""l0bayes.select_variables: correct probabilities on small problems, the k-hat diagnostic, clear errors.
+
+References are independent of the code under test: SciPy's dense multivariate normal and brute
+enumeration (tests/exact_spike_slab.py), l0bayes.analysis.exact_inclusion_probabilities (its own
+tests check it against quadrature), enumeration of all 2^p inclusion vectors, and known supports.
+"""
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from exact_spike_slab import log_marginal_dense
+from scipy.special import logsumexp
+from sklearn.datasets import load_diabetes
+
+import l0bayes
+from l0bayes.analysis import exact_inclusion_probabilities, ols_noise_scale
+from l0bayes.analysis.importance import BernoulliMixture, collapsed_log_marginal, gate_importance_check
+from l0bayes.inference.single_effects import fit_single_effects
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+def ar1_design(n, p, rho, rng):
+    x = np.empty((n, p))
+    x[:, 0] = rng.standard_normal(n)
+    for j in range(1, p):
+        x[:, j] = rho * x[:, j - 1] + math.sqrt(1 - rho**2) * rng.standard_normal(n)
+    return x
+
+
+def standardised(x, y):
+    return (x - x.mean(0)) / x.std(0, ddof=1), y - y.mean()
+
+
+@pytest.fixture(scope="module")
+def diabetes():
+    data = load_diabetes()
+    x = (data.data - data.data.mean(0)) / data.data.std(0, ddof=1)
+    y = (data.target - data.target.mean()) / data.target.std(ddof=1)
+    sigma = ols_noise_scale(x, y)
+    return x, y, sigma, exact_inclusion_probabilities(x, y, 0.5, 1.0, sigma).inclusion
+
+
+# ------------------------------------------------------------------ building blocks
+def test_collapsed_log_marginal_matches_dense_normal():
+    rng = np.random.default_rng(0)
+    x, y = standardised(ar1_design(40, 9, 0.6, rng), rng.standard_normal(40))
+    subsets = [[0, 3], [1, 2, 5, 8], [4], [], [0, 1, 2, 3, 4, 5, 6, 7, 8]]
+    width = max(len(s) for s in subsets)
+    index = torch.tensor([s + [9] * (width - len(s)) for s in subsets])
+    xt, yt = torch.tensor(x), torch.tensor(y)
+    for core in (None, torch.tensor([0, 1]), torch.tensor([], dtype=torch.long)):  # every Gram path
+        log_ml, coef = collapsed_log_marginal(xt, yt, index, slab_scale=0.7, noise_scale=1.3, core=core)
+        for k, s in enumerate(subsets):
+            mask = np.zeros(9, bool)
+            mask[s] = True
+            assert log_ml[k].item() == pytest.approx(log_marginal_dense(x, y, mask, 0.7, 1.3), rel=1e-9)
+            if s:  # conditional posterior mean: ridge solution with penalty sigma^2 / tau^2
+                xs = x[:, s]
+                ridge = np.linalg.solve(xs.T @ xs + (1.3 / 0.7) ** 2 * np.eye(len(s)), xs.T @ y)
+                np.testing.assert_allclose(coef[k, : len(s)].numpy(), ridge, rtol=1e-9)
+            assert (coef[k, len(s) :] == 0).all()
+
+
+def test_bernoulli_mixture_log_prob_is_a_normalised_law():
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.tensor([[0.9, 0.02, 0.03, 0.01, 0.4], [0.5, 0.02, 0.01, 0.03, 0.6]], dtype=torch.float64)
+    weights = torch.tensor([0.3, 0.7], dtype=torch.float64)
+    law = BernoulliMixture(probs, weights, core_mask=torch.tensor([True, False, False, False, True]))
+    every = torch.tensor(list(itertools.product([0, 1], repeat=5)), dtype=torch.bool)
+    lp = law.log_prob(every[:, law.core], every[:, law.background].sum(1))
+    assert torch.logsumexp(lp, 0).item() == pytest.approx(0.0, abs=1e-12)
+    # by hand: the background features share their component's mean probability
+    bg = probs[:, 1:4].mean(1)
+    eff = torch.cat([probs[:, :1], bg[:, None].expand(2, 3), probs[:, 4:]], 1)
+    direct = torch.logsumexp(
+        torch.stack([torch.where(every, eff[c].log(), (-eff[c]).log1p()).sum(1) for c in range(2)])
+        + weights.log()[:, None],
+        0,
+    )
+    torch.testing.assert_close(lp, direct)
+    index, log_q = law.sample(4000, gen)
+    draws = torch.zeros(4000, 6, dtype=torch.float64).scatter_(1, index, 1.0)[:, :5]
+    torch.testing.assert_close(draws.mean(0), law.marginal, atol=0.03, rtol=0)
+    on_core = draws[:, law.core].bool()
+    torch.testing.assert_close(log_q, law.log_prob(on_core, draws[:, law.background].sum(1).long()))
+
+
+def test_one_single_effect_is_the_exact_single_effect_posterior():
+    rng = np.random.default_rng(1)
+    x, y = standardised(ar1_design(60, 6, 0.8, rng), rng.standard_normal(60))
+    y = y + 0.8 * x[:, 2]
+    fit = fit_single_effects(torch.tensor(x), torch.tensor(y), num_effects=1, noise_variance=0.9, grow=False)
+    tau = math.sqrt(fit.prior_variance[0].item())
+    log_ml = np.array([log_marginal_dense(x, y, np.eye(6, dtype=bool)[j], tau, math.sqrt(0.9)) for j in range(6)])
+    # rtol 1e-4: the fit takes its products with X in float32
+    np.testing.assert_allclose(fit.alpha[0].numpy(), np.exp(log_ml - logsumexp(log_ml)), rtol=1e-4)
+    assert fit.converged and fit.elbo[-1] >= fit.elbo[0] - 1e-9
+
+
+# ------------------------------------------------------------------ select_variables
+def test_small_p_matches_enumeration():
+    rng = np.random.default_rng(2)
+    x = ar1_design(200, 8, 0.85, rng)
+    y = x[:, 1] * 0.5 - 0.4 * x[:, 5] + rng.standard_normal(200)
+    xs, yc = standardised(x, y)
+    exact = exact_inclusion_probabilities(xs, yc, 0.3, 0.6, 1.0).inclusion
+    res = l0bayes.select_variables(x, y, prior_inclusion=0.3, slab_scale=0.6, noise_scale=1.0)
+    assert res.reliable and res.method == "reweighted"
+    np.testing.assert_allclose(res.inclusion_probabilities, exact, atol=0.1)
+
+
+def test_diabetes_within_0_1_of_exact_and_reliable(diabetes):
+    x, y, sigma, exact = diabetes
+    res = l0bayes.select_variables(x, y, prior_inclusion=0.5, slab_scale=1.0, noise_scale=sigma)
+    assert res.reliable
+    assert np.abs(res.inclusion_probabilities - exact).max() < 0.1
+    assert (res.prior_inclusion, res.slab_scale, res.noise_scale) == (0.5, 1.0, sigma)
+    assert "can be trusted" in res.diagnostic
+
+
+def test_diagnostic_flags_the_mean_field_fit_on_diabetes(diabetes):
+    from l0bayes.inference import train
+    from l0bayes.models import SparseLinearRegression
+
+    x, y, sigma, exact = diabetes
+    xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+    torch.manual_seed(0)
+    model = SparseLinearRegression(10, noise_scale=sigma, prior_inclusion=0.5, slab="gaussian", prior_scale=1.0)
+    train(model, xt, yt, objective="bayes", epochs=300, batch_size=len(y), lr=0.05, seed=0, progress=False)
+    assert np.abs(model.inclusion_probabilities().numpy() - exact).max() > 0.3  # the failure being diagnosed
+    check = gate_importance_check(model, x, y, seed=0)
+    assert check.khat > 0.7 and not check.reliable
+
+
+def test_known_support_recovered_at_rho_0_9():
+    rng = np.random.default_rng(3)
+    n, p = 400, 200
+    x = ar1_design(n, p, 0.9, rng)
+    support = [20, 70, 120, 170]
+    beta = np.zeros(p)
+    beta[support] = [1.0, -0.8, 0.9, -1.0]
+    y = x @ beta + rng.standard_normal(n)
+    res = l0bayes.select_variables(torch.tensor(x), torch.tensor(y), feature_names=[f"x{j}" for j in range(p)])
+    assert sorted(res.selected().tolist()) == support
+    assert res.reliable
+    assert all(any(j in s for s in res.credible_sets) for j in support)
+    np.testing.assert_allclose(res.coefficients[support], beta[support], atol=0.25)
+    table = res.summary()
+    assert list(table.index[:4]) != [] and set(table.index[:4]) == {f"x{j}" for j in support}
+
+
+def test_result_object_inference_data_and_plot(diabetes):
+    x, y, sigma, _ = diabetes
+    res = l0bayes.select_variables(x, y, noise_scale=sigma, feature_names=list("abcdefghij"))
+    idata = res.to_inference_data(num_draws=2000)
+    gamma = idata.posterior["gamma"]
+    assert gamma.dims == ("chain", "draw", "feature") and list(gamma.feature.values) == list("abcdefghij")
+    np.testing.assert_allclose(gamma.mean(("chain", "draw")).values, res.inclusion_probabilities, atol=0.06)
+    assert idata.selection.attrs["khat"] == res.khat
+    fig, ax = res.plot(exact=res.inclusion_probabilities)
+    assert len(ax.patches) == 20 and ax.get_ylabel() == "inclusion probability"
+
+
+def test_unreliable_result_warns():
+    rng = np.random.default_rng(7)
+    x = ar1_design(300, 200, 0.9, rng)
+    beta = np.zeros(200)
+    beta[rng.choice(200, 20, replace=False)] = rng.uniform(0.3, 1, 20)
+    y = x @ beta + rng.standard_normal(300)
+    with pytest.warns(RuntimeWarning, match="k-hat"):
+        res = l0bayes.select_variables(x, y)
+    assert not res.reliable and res.method == "variational"
+    np.testing.assert_array_equal(res.inclusion_probabilities, res.variational_probabilities)
+
+
+def test_p_larger_than_n_is_handled():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((50, 300))
+    y = 2.0 * x[:, 7] - 2.0 * x[:, 100] + rng.standard_normal(50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = l0bayes.select_variables(x, y)
+    assert res.inclusion_probabilities.shape == (300,)
+    assert set(np.argsort(-res.inclusion_probabilities)[:2]) == {7, 100}
+
+
+def test_bernoulli_family_recovers_strong_effects():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((400, 6))
+    logits = 2.0 * x[:, 0] - 1.5 * x[:, 3]
+    y = (rng.random(400) < 1 / (1 + np.exp(-logits))).astype(float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = l0bayes.select_variables(x, y, family="bernoulli", max_steps=600)
+    assert res.family == "bernoulli" and math.isfinite(res.khat)
+    assert sorted(res.selected().tolist()) == [0, 3]
+    assert res.coefficients[0] > 0 > res.coefficients[3]
+    assert res.details["steps"] <= 600 and len(res.details["free_energy"]) == res.details["steps"]
+    state = torch.get_rng_state()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        again = l0bayes.select_variables(x, y, family="bernoulli", max_steps=200, seed=3)
+        twice = l0bayes.select_variables(x, y, family="bernoulli", max_steps=200, seed=3)
+    np.testing.assert_array_equal(again.variational_probabilities, twice.variational_probabilities)  # seeded
+    assert torch.equal(state, torch.get_rng_state())  # and the caller's generator untouched
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (lambda x, y: (np.where(np.eye(30, 5, dtype=bool), np.nan, x), y), ValueError, "X contains NaN"),
+        (lambda x, y: (x, np.r_[y[:-1], np.inf]), ValueError, "y contains NaN"),
+        (lambda x, y: (np.c_[x, np.ones(30)], y), ValueError, r"constant columns \[5\]"),
+        (lambda x, y: (x, y[:-1]), ValueError, r"y must have shape \(30,\)"),
+        (lambda x, y: (x[:, 0], y), ValueError, r"X must have shape \(n, p\)"),
+        (lambda x, y: (x, np.zeros(30)), ValueError, "y is constant"),
+        (lambda x, y: (x.astype(str).astype(object) + "a", y), TypeError, "numeric"),
+    ],
+)
+def test_bad_inputs_give_clear_errors(change, error, match):
+    rng = np.random.default_rng(6)
+    x, y = change(rng.standard_normal((30, 5)), rng.standard_normal(30))
+    with pytest.raises(error, match=match):
+        l0bayes.select_variables(x, y)
+
+
+def test_bad_arguments_give_clear_errors():
+    rng = np.random.default_rng(6)
+    x, y = rng.standard_normal((30, 5)), rng.standard_normal(30)
+    with pytest.raises(ValueError, match="family"):
+        l0bayes.select_variables(x, y, family="poisson")
+    with pytest.raises(ValueError, match="prior_inclusion"):
+        l0bayes.select_variables(x, y, prior_inclusion=1.0)
+    with pytest.raises(ValueError, match="slab_scale"):
+        l0bayes.select_variables(x, y, slab_scale=0.0)
+    with pytest.raises(ValueError, match=r"y in \{0, 1\}"):
+        l0bayes.select_variables(x, y, family="bernoulli")
+    with pytest.raises(ValueError, match="feature names"):
+        l0bayes.select_variables(x, y, feature_names=["a"])
+    with pytest.raises(TypeError, match="unknown options"):
+        l0bayes.select_variables(x, y, steps=10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_select_variables_on_gpu(diabetes):
+    x, y, sigma, exact = diabetes
+    res = l0bayes.select_variables(x, y, prior_inclusion=0.5, slab_scale=1.0, noise_scale=sigma, device="cuda")
+    assert np.abs(res.inclusion_probabilities - exact).max() < 0.1
+
+
+def test_benchmark_script_small_setting(tmp_path):
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        import bench_variable_selection as bvs
+    finally:
+        sys.path.remove(str(bench))
+    out = tmp_path / "r.json"
+    args = ["--n", "200", "--p", "60", "--rho", "0.5", "--seeds", "1", "--effects", "3"]
+    records = bvs.main([*args, "--methods", "l0bayes", "lassocv", "--json", str(out)])
+    assert {r["method"] for r in records} == {"l0bayes", "lassocv"} and out.exists()
+    assert all(0 <= r["auprc"] <= 1 for r in records)
+    with pytest.raises(SystemExit, match="exists"):
+        bvs.main([*args, "--json", str(out)])
