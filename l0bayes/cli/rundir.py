@@ -18,8 +18,8 @@ Rules:
 import io
 import json
 import os
-import tempfile
 
+from .._atomic import atomic_write
 from .errors import CLIError
 
 __all__ = ["LOCK", "OUTPUTS", "RunDirectory", "atomic_write"]
@@ -41,31 +41,6 @@ try:  # POSIX
     import fcntl
 except ImportError:  # pragma: no cover - Windows: an exclusively created lock file instead
     fcntl = None
-
-
-def atomic_write(path, data):
-    """Write ``data`` (``bytes`` or ``str``, UTF-8) to ``path`` through a uniquely named temporary file."""
-    path = os.fspath(path)
-    directory, name = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    try:
-        if hasattr(os, "fchmod"):  # mkstemp makes the file private; an output gets the usual mode
-            os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _stat(path):

@@ -13,11 +13,12 @@ half-written checkpoint.
 
 import os
 import pickle
-import tempfile
 import zipfile
 
 import numpy as np
 import torch
+
+from .._atomic import atomic_write
 
 __all__ = ["CheckpointError", "load_checkpoint", "numpy_rng_state", "save_checkpoint", "set_numpy_rng_state"]
 
@@ -33,28 +34,8 @@ def save_checkpoint(path, state):
     :param dict state: tensors and plain containers only (anything else would not load with
         ``weights_only=True``, so it is refused here, at save time).
     """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make the checkpoint private to its writer
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        # Refuse at save time what a safe load could not read back.
-        load_checkpoint(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    # load_checkpoint on the temporary file refuses, at save time, what a safe load could not read back.
+    atomic_write(path, lambda f: torch.save(state, f), check=load_checkpoint)
 
 
 def load_checkpoint(path, map_location="cpu", required=()):
