@@ -296,7 +296,8 @@ def train(
         record["full_record"] = full
         history.append(record)
         if bar is not None:
-            bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("free_energy", "test_error")})
+            shown = ("free_energy", "test_error", "test_rmse")
+            bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in shown and v is not None})
         if checkpoint is not None:
             extra = ddp.checkpoint_extra(ddp.gather(_rng_state())) if ddp.enabled else {}
             if average is not None:
@@ -398,6 +399,9 @@ def _full_record(model, x, y, estimator, batch_size, device, test_data, input_sh
     record["active_gates"] = [int(g.active().sum()) for _, g in gates]
     if test_data is not None:
         record["test_error"] = _error_rate(model, test_data[0], test_data[1], 1000, device)
+        rmse = _test_rmse(model, test_data[0], test_data[1], device)
+        if rmse is not None:
+            record["test_rmse"] = rmse
     if input_shape is not None:
         record.update(_flops_record(model, input_shape))
     return record
@@ -464,6 +468,19 @@ def _error_rate(model, x, y, batch_size, device):
             wrong += int((pred.cpu() != y[i : i + batch_size]).sum())
     model.train(was_training)
     return wrong / x.shape[0]
+
+
+def _test_rmse(model, x, y, device):
+    """Root mean squared error of a linear regression's test-time prediction (Eq. 13 coefficients).
+
+    ``None`` unless ``y`` holds real values and the model is a Gaussian linear regression (it has a
+    ``noise_scale`` and test-time ``coefficients()``).
+    """
+    if y is None or not y.is_floating_point() or not (hasattr(model, "noise_scale") and hasattr(model, "coefficients")):
+        return None
+    with torch.no_grad():
+        pred = x.to(device) @ model.coefficients() + model.bias
+        return float(torch.sqrt(((pred - y.to(device)) ** 2).mean()))
 
 
 def _fused_adam(model):
