@@ -245,13 +245,14 @@ def test_real_ctrl_c_in_a_subprocess(tmp_path):
     assert len(json.loads((out / "history.json").read_text())) == done + 1
 
 
-def test_default_threads_one_on_bundled_sets_only():
-    """Small bundled sets run on one intra-op thread unless --threads says otherwise."""
+def test_default_threads_one_on_bundled_sets_and_the_mlp():
+    """Small bundled sets and the MLP run on one intra-op thread unless --threads says otherwise."""
     from l0bayes.cli.config import DEFAULTS, _fill_defaults
 
     assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": None})["threads"] == 1
     assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": "digits", "threads": 2})["threads"] == 2
-    assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": "fashion-mnist"})["threads"] is None
+    assert _fill_defaults({**DEFAULTS, "model": "mlp", "data": "fashion-mnist"})["threads"] == 1
+    assert _fill_defaults({**DEFAULTS, "model": "lenet5", "data": "fashion-mnist"})["threads"] is None
 
 
 def test_init_option_reaches_the_network(tmp_path):
@@ -288,7 +289,8 @@ def test_linear_run_plots_the_rmse_and_names_the_features(tmp_path, capsys, monk
     summary = json.loads((tmp_path / "summary.json").read_text())
     training = figures["training.png"]
     assert "test RMSE" in training["ylabels"][0] and "error" not in training["ylabels"][0]
-    assert training["points"][0] == [pytest.approx(summary["test"])]  # the RMSE of the table, not an empty panel
+    # the per-epoch RMSE of the history, ending at the table's RMSE (not an empty panel)
+    assert len(training["points"][0]) == 2 and training["points"][0][-1] == pytest.approx(summary["test"], rel=1e-5)
     names = load_dataset("diabetes").feature_names
     assert figures["gates.png"]["xticks"] == names == ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
     # a per-epoch RMSE, when the history records one, is preferred to the final point

@@ -224,8 +224,8 @@ def build_parser():
         "--threads",
         type=_positive_int,
         default=None,
-        help="torch.set_num_threads (default 1 for the bundled sets, whose small matrix products only lose from "
-        "intra-op threads; torch's default otherwise, with OMP_WAIT_POLICY=PASSIVE unless set: see "
+        help="torch.set_num_threads (default 1 for the bundled sets and the MLP, whose small matrix products "
+        "only lose from intra-op threads; torch's default otherwise, with OMP_WAIT_POLICY=PASSIVE unless set: see "
         "benchmarks/bench_threads.py)",
     )
     g.add_argument(
