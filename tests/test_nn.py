@@ -460,3 +460,24 @@ def test_weight_init_schemes():
     for bad in bad_inits:
         with pytest.raises(ValueError, match="weight_init"):
             bad()
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"lower": float("-inf")}, "lower"),
+        ({"upper": float("nan")}, "upper"),
+        ({"upper": 0.9}, "upper"),
+        ({"num_gates": 0}, "num_gates"),
+        ({"group_size": 2.5}, "group_size"),
+        ({"init_std": -1.0}, "init_std"),
+    ],
+)
+def test_gate_refuses_non_finite_or_out_of_range_shape(kwargs, name):
+    """An infinite temperature or stretch would give NaN gates: refused up front, naming the argument."""
+    import l0bayes.nn as l0nn
+
+    with pytest.raises(ValueError, match=f"HardConcreteGate: {name} must be"):
+        l0nn.HardConcreteGate(**{"num_gates": 3, **kwargs})

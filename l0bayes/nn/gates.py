@@ -7,8 +7,12 @@ import pyro
 import torch
 from torch import nn
 
+from .._checks import COUNT, GATE_SHAPE, NON_NEGATIVE, check_args
 from ..distributions import HardConcrete
 from ..distributions.stretched_concrete import stretched_concrete_rsample
+
+# Arguments of HardConcreteGate: finite stretch and temperature (an infinite one gives NaN gates).
+GATE_ARG_CHECKS = {"num_gates": COUNT, "group_size": COUNT, "init_std": NON_NEGATIVE, **GATE_SHAPE}
 
 
 def log_alpha_for_inclusion(prior_inclusion, temperature=2.0 / 3.0, lower=-0.1, upper=1.1):
@@ -77,12 +81,16 @@ class HardConcreteGate(nn.Module):
         self, num_gates, group_size=1, init_drop_rate=0.5, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, init_std=0.01
     ):
         super().__init__()
-        if num_gates < 1:
-            raise ValueError(f"num_gates must be positive, got {num_gates}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
-        if not lower < 0 or not upper > 1:
-            raise ValueError(f"need lower < 0 < 1 < upper, got lower={lower}, upper={upper}")
+        check_args(
+            type(self).__name__,
+            GATE_ARG_CHECKS,
+            num_gates=num_gates,
+            group_size=group_size,
+            temperature=temperature,
+            lower=lower,
+            upper=upper,
+            init_std=init_std,
+        )
         self.num_gates = int(num_gates)
         self.group_size = int(group_size)
         self.temperature, self.lower, self.upper = float(temperature), float(lower), float(upper)
