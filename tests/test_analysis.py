@@ -69,15 +69,6 @@ def _png(fig):
 
 
 @pytest.fixture
-def one_thread():
-    """The training tests use tiny models: one intra-op thread avoids contention on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
 def regression():
     model = SparseLinearRegression(5, slab="gaussian")
     with torch.no_grad():

@@ -16,15 +16,6 @@ from l0bayes.models import AutoHardConcrete, auto_guide_list
 N, P = 200, 5
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models: one intra-op thread avoids contention on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _kl_by_quad(aq, ap, b, lo, hi):
     """Eq. 28 from the raw densities of Eq. 23/25 and the atoms of Eq. 26, by SciPy quadrature."""
 
