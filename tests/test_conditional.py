@@ -173,3 +173,46 @@ def test_first_layer_product_refuses_double_backward():
     (g,) = torch.autograd.grad(y.pow(2).sum(), z, create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(g.sum(), z)
+
+
+@pytest.mark.parametrize("mode", [False, True])
+@pytest.mark.parametrize("out_features", [3, 40])  # W scaled (3 x 5 < 4 x 5) or x scaled
+def test_hidden_layer_products_are_twice_differentiable(mode, out_features):
+    # Second derivatives with respect to the gates, from the closed form of d^2/dz^2 sum(y^2):
+    # y = (x * z) W^T, so H = 2 (W^T W) * (x^T x) elementwise (the third gate closed for the compact path).
+    torch.manual_seed(3)
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(out_features, 5, dtype=torch.float64)
+    z = torch.tensor([0.3, 0.9, 0.0, 1.0, 0.5], dtype=torch.float64, requires_grad=True)
+    y = gated_linear(x, z, w, mode=mode)
+    (g,) = torch.autograd.grad(y.pow(2).sum(), z, create_graph=True)
+    v = torch.randn(5, dtype=torch.float64)
+    (hv,) = torch.autograd.grad(g @ v, z)
+    hessian = 2 * (w.t() @ w) * (x.t() @ x)
+    if mode:  # the compact product forms no derivative with respect to a closed gate's value
+        hessian[2, :] = hessian[:, 2] = 0.0
+    expected = hessian.detach() @ v
+    torch.testing.assert_close(hv, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 30), (2, 5, 30)])
+def test_first_layer_gate_gradient_including_closed_gates(dtype, shape):
+    # The gate gradient read off the weight gradient (divided by z) and, for the exactly closed gates,
+    # formed column by column: against autograd on (x * z) W^T + b, gates of all sizes and exact zeros.
+    torch.manual_seed(5)
+    x = torch.randn(shape, dtype=dtype)
+    z = torch.rand(30, dtype=dtype) * torch.logspace(-6, 0, 30, dtype=dtype)
+    z[[0, 7, 29]] = 0.0
+    z.requires_grad_()
+    w = torch.randn(9, 30, dtype=dtype, requires_grad=True)
+    b = torch.randn(9, dtype=dtype, requires_grad=True)
+    w_out = torch.randn(shape[:-1] + (9,), dtype=dtype)
+    y = gated_linear(x, z, w, b, mode=False)
+    grads = torch.autograd.grad((y * w_out).sum() + y.pow(2).sum(), [z, w, b])
+    ref_y = F.linear(x * z, w, b)
+    ref = torch.autograd.grad((ref_y * w_out).sum() + ref_y.pow(2).sum(), [z, w, b])
+    torch.testing.assert_close(y, ref_y, **_tol(dtype))
+    for a, r in zip(grads, ref, strict=True):
+        torch.testing.assert_close(a, r, **_tol(dtype))
+    assert torch.all(grads[0][[0, 7, 29]] != 0)  # closed gates still get their exact derivative

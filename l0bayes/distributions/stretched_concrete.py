@@ -24,7 +24,7 @@ def standard_logistic(shape, dtype, device):
     """Standard logistic noise ``log U - log(1 - U)`` with ``U`` kept off 0 and 1."""
     finfo = torch.finfo(dtype)
     u = torch.rand(shape, dtype=dtype, device=device).clamp_(min=finfo.tiny, max=1.0 - finfo.eps)
-    return torch.log(u) - torch.log1p(-u)
+    return torch.logit_(u)
 
 
 def stretched_concrete_rsample(shape, log_alpha, temperature, lower, upper):
@@ -34,7 +34,10 @@ def stretched_concrete_rsample(shape, log_alpha, temperature, lower, upper):
     may be tensors broadcasting against it or plain floats (the hot path of the gated layers).
     """
     noise = standard_logistic(shape, log_alpha.dtype, log_alpha.device)
-    s = torch.sigmoid((noise + log_alpha) / temperature)
+    if isinstance(temperature, Number):  # the hot path: one differentiable operation before the sigmoid
+        s = torch.sigmoid(torch.add(noise.div_(temperature), log_alpha, alpha=1.0 / temperature))
+    else:
+        s = torch.sigmoid((noise + log_alpha) / temperature)
     return s * (upper - lower) + lower
 
 

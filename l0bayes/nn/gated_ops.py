@@ -60,69 +60,48 @@ def use_compact(z, mode, max_open_fraction, num_open=None):
     return z.nonzero().squeeze(-1)
 
 
-class _GatedLinear(torch.autograd.Function):
-    r""":math:`y = (x \odot z) W^\top + b` with a hand-written backward.
+class _GatedInput(torch.autograd.Function):
+    r""":math:`y = (x \odot z) W^\top + b` for an input ``x`` that needs no gradient (a first layer).
 
-    When ``x`` needs no gradient (a first layer), the gradient of the gates uses the weight
-    gradient already needed, :math:`G = \bar y^\top x` (:math:`\bar y` the output gradient):
-    :math:`\bar W = G \odot z` and :math:`\bar z_i = \sum_o G_{oi} W_{oi}`, which spares the
-    ``B x out x in`` product :math:`\bar y W` that autograd would form for the gated input.
-    With ``columns`` (indices of the open gates) only those columns of ``x`` and ``W`` enter.
-    Not twice differentiable (raises if asked).
+    The weight gradient is formed from the gated input, :math:`\bar W = \bar y^\top (x \odot z)`, the
+    product a dense layer forms anyway, and the gates' gradient is read off it:
+    :math:`\bar z_i = \sum_o (\bar y^\top x)_{oi} W_{oi} = \frac{1}{z_i} \sum_o \bar W_{oi} W_{oi}` for an
+    open gate. A closed gate (:math:`z_i = 0`) takes the exact column
+    :math:`\sum_o (\bar y^\top x_{:, i})_o W_{oi}`. This spares autograd's ``B x out x in`` product
+    :math:`\bar y W` (the gradient of the gated input) and the two extra passes over ``W`` of the form
+    :math:`x (W \operatorname{diag} z)^\top`. Not twice differentiable (raises if asked).
     """
 
     @staticmethod
-    def forward(ctx, x, z, weight, bias, columns):
-        if columns is not None:
-            x_in, z_in, w_in = x.index_select(-1, columns), z.index_select(0, columns), weight.index_select(1, columns)
-        else:
-            x_in, z_in, w_in = x, z, weight
-        xz = x_in * z_in
-        ctx.columns = columns
-        ctx.in_features = weight.shape[1]
-        ctx.has_bias = bias is not None
-        if ctx.needs_input_grad[0]:
-            ctx.save_for_backward(x_in, z_in, w_in, xz)
-        else:
-            ctx.save_for_backward(x_in, z_in, w_in, None)
-        return F.linear(xz, w_in, bias)
+    def forward(ctx, x, z, weight, bias):
+        xz = x * z
+        ctx.save_for_backward(x, xz, z, weight)
+        return F.linear(xz, weight, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y):
-        x_in, z_in, w_in, xz = ctx.saved_tensors
-        need_x, need_z, need_w, need_b, _ = ctx.needs_input_grad
-        grad_x = grad_z = grad_w = grad_b = None
+        x, xz, z, weight = ctx.saved_tensors
+        _, need_z, need_w, need_b = ctx.needs_input_grad
         g2 = grad_y.reshape(-1, grad_y.shape[-1])
-        # The products are fresh tensors, scaled in place once the gates' gradient has used them
-        # (on a loaded CPU each fresh out x in buffer costs page faults comparable to the arithmetic).
-        if need_x:
-            grad_xz = grad_y.matmul(w_in)
-            if need_z:
-                grad_z = (grad_xz * x_in).reshape(g2.shape[0], x_in.shape[-1]).sum(0)
-            grad_x = grad_xz.mul_(z_in)
-            if need_w:
-                grad_w = g2.t().matmul(xz.reshape(g2.shape[0], xz.shape[-1]))
-        elif need_z or need_w:
-            g = g2.t().matmul(x_in.reshape(g2.shape[0], x_in.shape[-1]))
-            grad_z = torch.linalg.vecdot(g.t(), w_in.t()) if need_z else None
-            grad_w = g.mul_(z_in) if need_w else None
-        if need_b:
-            grad_b = g2.sum(0)
-        columns = ctx.columns
-        if columns is not None:
-            grad_x = _scatter_columns(grad_x, columns, ctx.in_features)
-            grad_z = _scatter_columns(grad_z, columns, ctx.in_features)
-            grad_w = _scatter_columns(grad_w, columns, ctx.in_features)
-        return grad_x, grad_z, grad_w, grad_b, None
+        grad_w = g2.t().mm(xz.reshape(g2.shape[0], -1))
+        grad_z = None
+        if need_z:
+            closed = (z == 0).nonzero().squeeze(-1)
+            grad_z = (grad_w * weight).sum(0).div_(z)
+            if closed.numel():
+                x_closed = x.reshape(g2.shape[0], -1).index_select(1, closed)
+                exact = (g2.t().mm(x_closed) * weight.index_select(1, closed)).sum(0)
+                grad_z.index_copy_(0, closed, exact)
+        return None, grad_z, grad_w if need_w else None, g2.sum(0) if need_b else None
 
 
-def _scatter_columns(values, columns, size):
-    """A tensor with ``values`` in the last-dimension positions ``columns`` and zeros elsewhere."""
-    if values is None:
-        return None
-    out = values.new_zeros(values.shape[:-1] + (size,))
-    return out.index_copy_(-1, columns, values)
+def _scale_weight(x, weight):
+    """Whether to scale ``weight``'s columns by the gates rather than the input ``x``: the smaller of the two.
+
+    Both give the same product; the scaled tensor and its gradient are the extra passes over memory.
+    """
+    return weight.numel() < x.numel()
 
 
 def gated_linear(x, z, weight, bias=None, mode="auto", num_open=None):
@@ -132,17 +111,23 @@ def gated_linear(x, z, weight, bias=None, mode="auto", num_open=None):
     :param bias: ``(out,)`` or ``None``; :param mode: one of :data:`CONDITIONAL_MODES`;
     :param num_open: the number of nonzero entries of ``z`` if known (see :func:`use_compact`).
 
-    A gate tensor with a sample dimension (``z`` of more than one dimension, as under a Pyro
-    plate over particles) takes autograd's general path.
+    An input that needs no gradient (a first layer) with gates that do takes :class:`_GatedInput`;
+    otherwise autograd differentiates :math:`(x \odot z) W^\top` or :math:`x\,(W \operatorname{diag}
+    z)^\top`, whichever scales fewer numbers. With open columns selected, the gradients of the closed
+    columns of ``x`` and ``W`` are exact zeros (``index_select``'s backward), as in the full product.
+    A gate tensor with a sample dimension (``z`` of more than one dimension, as under a Pyro plate over
+    particles) takes the general path.
     """
     if z.dim() != 1:
         return F.linear(x * z, weight, bias)
     columns = use_compact(z, mode, LINEAR_OPEN_FRACTION, num_open)
-    if columns is None and x.requires_grad and torch.is_grad_enabled():
-        # A hidden layer needs the input gradient anyway, from which autograd takes the gates' own:
-        # the hand-written backward would only add its Python overhead.
-        return F.linear(x * z, weight, bias)
-    return _GatedLinear.apply(x, z, weight, bias, columns)
+    if columns is not None:
+        x, z, weight = x.index_select(-1, columns), z.index_select(0, columns), weight.index_select(1, columns)
+    if torch.is_grad_enabled() and z.requires_grad and not x.requires_grad:
+        return _GatedInput.apply(x, z, weight, bias)
+    if _scale_weight(x, weight):
+        return F.linear(x, weight * z, bias)
+    return F.linear(x * z, weight, bias)
 
 
 def gated_conv2d(x, z, weight, bias, stride, padding, dilation, mode="auto", num_open=None):
@@ -150,13 +135,28 @@ def gated_conv2d(x, z, weight, bias, stride, padding, dilation, mode="auto", num
 
     The closed maps of the output are exact zeros (a tensor of the full shape is returned).
     """
-    columns = use_compact(z, mode, CONV_OPEN_FRACTION, num_open) if z.dim() == 1 else None
-    if columns is None or not columns.numel():  # (no open map: the output shape is the full path's)
+    if z.dim() != 1:
         y = F.conv2d(x, weight, bias, stride, padding, dilation)
         return y * z[..., :, None, None]
+    columns = use_compact(z, mode, CONV_OPEN_FRACTION, num_open)
+    if columns is None or not columns.numel():  # (no open map: the output shape is the full path's)
+        return F.conv2d(x, *_scaled_maps(z, weight, bias), stride, padding, dilation)
+    z_open = z.index_select(0, columns)
     w_open = weight.index_select(0, columns)
     b_open = None if bias is None else bias.index_select(0, columns)
-    y_open = F.conv2d(x, w_open, b_open, stride, padding, dilation) * z.index_select(0, columns)[:, None, None]
+    y_open = F.conv2d(x, *_scaled_maps(z_open, w_open, b_open), stride, padding, dilation)
     shape = list(y_open.shape)
     shape[-3] = weight.shape[0]
     return y_open.new_zeros(shape).index_copy(-3, columns, y_open)
+
+
+def _scaled_maps(z, weight, bias):
+    r"""``(z_c W_c, z_c b_c)``: the gated maps as scaled filters.
+
+    :math:`z_c (W_c \star x + b_c) = (z_c W_c) \star x + z_c b_c`.
+
+    Scaling the filters (``out x in x kh x kw`` numbers) rather than the output (``B x out x H x W``)
+    gives the same maps, exactly 0 where a gate is 0, at a fraction of the arithmetic.
+    """
+    scaled = weight * z[:, None, None, None]
+    return scaled, None if bias is None else bias * z
