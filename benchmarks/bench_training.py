@@ -250,12 +250,12 @@ def closed_fraction(model, draws=200):
 
 
 def sparsity_curve(x, y, fractions, steps, repeats, warmup, device):
-    """Per fraction: ms/step of dense, penalised (auto) and penalised (conditional off); ratios to dense."""
+    """Per fraction: ms/step of dense and the penalised step with conditional computation auto, on and off."""
     num_data = x.shape[0]
     rows = []
     for fraction in fractions:
         variants = {"dense": make_model("dense", device)}
-        for name, mode in (("auto", "auto"), ("off", False)):
+        for name, mode in (("auto", "auto"), ("on", True), ("off", False)):
             model = make_model("penalized", device)
             close_fc1(model, fraction)
             for layer in (model.net.fc1, model.net.fc2, model.net.fc3):
@@ -294,7 +294,11 @@ def plot_curve(rows, path, title):
         sys.exit(f"{path} exists; not overwriting it")
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     realised = [r[1] for r in rows]
-    for m, label in (("auto", "penalised, conditional computation (auto)"), ("off", "penalised, full products")):
+    for m, label in (
+        ("auto", "penalised, conditional computation (auto)"),
+        ("on", "penalised, conditional computation (always)"),
+        ("off", "penalised, full products"),
+    ):
         ax.plot(realised, [r[3][m] for r in rows], marker="o", label=label)
     ax.axhline(1.0, color="k", lw=0.8, ls="--", label="dense (full architecture)")
     ax.axhline(0.9, color="grey", lw=0.8, ls=":", label="target 0.9x at >= 40% closed")
@@ -448,10 +452,20 @@ def main(argv=None):
     print(f"# {load_line()}")
     if args.curve:
         rows = sparsity_curve(x, y, args.curve, steps, args.repeats, args.warmup, device)
-        header = ("fc1 closed (set)", "drawn 0", "dense ms", "auto ms", "off ms", "auto / dense", "off / dense")
+        header = (
+            "fc1 closed (set)",
+            "drawn 0",
+            "dense ms",
+            "auto ms",
+            "on ms",
+            "off ms",
+            "auto / dense",
+            "on / dense",
+            "off / dense",
+        )
         table = [
-            (f"{f:.2f}", f"{d:.3f}", *(f"{t[m] * 1e3:.2f}" for m in ("dense", "auto", "off")),
-             f"{r['auto']:.2f}x", f"{r['off']:.2f}x")
+            (f"{f:.2f}", f"{d:.3f}", *(f"{t[m] * 1e3:.2f}" for m in ("dense", "auto", "on", "off")),
+             *(f"{r[m]:.2f}x" for m in ("auto", "on", "off")))
             for f, d, t, r in rows
         ]  # fmt: skip
         print(format_table(header, table, args.markdown, width=14))

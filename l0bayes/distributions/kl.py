@@ -47,11 +47,8 @@ def kl_hard_concrete(q, p, method="quadrature", num_nodes=None, num_samples=1000
     if shared is not None:
         # Every gate has the same temperature and stretch as the others and as p, and only
         # q's log_alpha can carry a gradient (the gates of a layer against a fixed prior).
-        bq, bp, _, lower, upper = shared
-        if num_nodes is None:
-            v0, v1 = math.log(-lower) - math.log(upper), math.log1p(-lower) - math.log(upper - 1.0)
-            num_nodes = num_nodes_for(max(bq, bp), 0.5 * (v1 - v0), q.log_alpha.dtype)
-        return _SharedParametersKL.apply(q.log_alpha.expand(batch_shape), *shared, num_nodes)
+        bq, bp, ap, lower, upper = shared
+        return kl_shared_parameters(q.log_alpha.expand(batch_shape), bq, ap, bp, lower, upper, num_nodes)
     q, p = q.expand(batch_shape), p.expand(batch_shape)
 
     if method == "monte_carlo":
@@ -72,6 +69,23 @@ def kl_hard_concrete(q, p, method="quadrature", num_nodes=None, num_samples=1000
         return _kl_quadrature(qc, pc, n, same_stretch)
 
     return map_chunks(run, q._params() + p._params(), batch_shape)
+
+
+def kl_shared_parameters(log_alpha, temperature, prior_log_alpha, prior_temperature, lower, upper, num_nodes=None):
+    r"""Eq. 28 for gates that differ only in ``log_alpha``, against one prior with the same stretch.
+
+    The same value as :func:`kl_hard_concrete` of ``HardConcrete(log_alpha, temperature, lower, upper)``
+    and ``HardConcrete(prior_log_alpha, prior_temperature, lower, upper)``, without building the
+    distributions: the hot path of a Bayesian training step (one call per group of gates). Every
+    argument but ``log_alpha`` (a tensor, differentiable) is a Python float; the gradient is in closed
+    form (:class:`_SharedParametersKL`).
+    """
+    if num_nodes is None:
+        v0, v1 = math.log(-lower) - math.log(upper), math.log1p(-lower) - math.log(upper - 1.0)
+        num_nodes = num_nodes_for(max(temperature, prior_temperature), 0.5 * (v1 - v0), log_alpha.dtype)
+    return _SharedParametersKL.apply(
+        log_alpha, temperature, prior_temperature, prior_log_alpha, lower, upper, num_nodes
+    )
 
 
 def _kl_atoms(q, p):

@@ -13,6 +13,7 @@ import contextlib
 import torch
 
 from ..distributions import HardConcrete, kl_hard_concrete
+from ..distributions.kl import kl_shared_parameters
 from .gates import gates_of, hard_concrete_rsample, log_alpha_at_half
 
 
@@ -26,6 +27,22 @@ class _Group:
         self.sizes = [gate.num_gates for gate in self.gates]
         self.log_shift = log_alpha_at_half(self.temperature, self.lower, self.upper)
         self._cache = {}
+        self._prior = self._prior_scalars = None
+
+    def prior_scalars(self, prior):
+        """``(log_alpha, temperature)`` of a scalar ``prior`` with this group's stretch as floats, else ``None``.
+
+        Cached for the last prior object seen (the models pass the same cached prior every step).
+        """
+        if prior is not self._prior:
+            params = (prior.log_alpha, prior.temperature, prior.lower, prior.upper)
+            scalars = None
+            if all(t.numel() == 1 for t in params):
+                log_alpha, temperature, lower, upper = (float(t) for t in params)
+                if (lower, upper) == (self.lower, self.upper):
+                    scalars = (log_alpha, temperature)
+            self._prior, self._prior_scalars = prior, scalars
+        return self._prior_scalars
 
     def log_alpha(self):
         if len(self.gates) == 1:
@@ -133,7 +150,13 @@ class GateSet:
         """
         total = None
         for group, log_alpha in zip(self.groups, log_alphas, strict=True):
-            q = HardConcrete(log_alpha, group.temperature, group.lower, group.upper, validate_args=False)
-            term = kl_hard_concrete(q, prior(group.temperature, group.lower, group.upper)).sum()
+            p = prior(group.temperature, group.lower, group.upper)
+            scalars = group.prior_scalars(p)
+            if scalars is not None:  # the usual case: no distribution objects on the hot path
+                kl = kl_shared_parameters(log_alpha, group.temperature, *scalars, group.lower, group.upper)
+            else:
+                q = HardConcrete(log_alpha, group.temperature, group.lower, group.upper, validate_args=False)
+                kl = kl_hard_concrete(q, p)
+            term = kl.sum()
             total = term if total is None else total + term
         return total
