@@ -197,7 +197,8 @@ def test_hidden_layer_products_are_twice_differentiable(mode, out_features):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(7, 30), (2, 5, 30)])
-def test_first_layer_gate_gradient_including_closed_gates(dtype, shape):
+@pytest.mark.parametrize("mode", [False, "auto"])
+def test_first_layer_gate_gradient_including_closed_gates(dtype, shape, mode):
     # The gate gradient read off the weight gradient (divided by z) and, for the exactly closed gates,
     # formed column by column: against autograd on (x * z) W^T + b, gates of all sizes and exact zeros.
     torch.manual_seed(5)
@@ -208,11 +209,13 @@ def test_first_layer_gate_gradient_including_closed_gates(dtype, shape):
     w = torch.randn(9, 30, dtype=dtype, requires_grad=True)
     b = torch.randn(9, dtype=dtype, requires_grad=True)
     w_out = torch.randn(shape[:-1] + (9,), dtype=dtype)
-    y = gated_linear(x, z, w, b, mode=False)
+    y = gated_linear(x, z, w, b, mode=mode)
     grads = torch.autograd.grad((y * w_out).sum() + y.pow(2).sum(), [z, w, b])
     ref_y = F.linear(x * z, w, b)
-    ref = torch.autograd.grad((ref_y * w_out).sum() + ref_y.pow(2).sum(), [z, w, b])
+    ref = list(torch.autograd.grad((ref_y * w_out).sum() + ref_y.pow(2).sum(), [z, w, b]))
+    assert torch.all(ref[0][[0, 7, 29]] != 0)
+    if mode == "auto":  # (3 of 30 closed: the full product) a closed gate's value gets no derivative
+        ref[0][[0, 7, 29]] = 0.0
     torch.testing.assert_close(y, ref_y, **_tol(dtype))
     for a, r in zip(grads, ref, strict=True):
         torch.testing.assert_close(a, r, **_tol(dtype))
-    assert torch.all(grads[0][[0, 7, 29]] != 0)  # closed gates still get their exact derivative
