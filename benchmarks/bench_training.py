@@ -17,7 +17,9 @@ MLP 784-300-100-10 trained with Adam (lr 1e-3) in these ways:
 * ``bayes_pyro``: the same free energy through Pyro, ``TraceMeanField_ELBO().differentiable_loss(
   model.model, model.guide, ...)`` (the registered KL, the code cost as a factor), for reference.
 
-Every method uses the optimiser of ``train()``, ``torch.optim.Adam(fused=True)``.
+Every method uses the optimiser of ``train()``, ``torch.optim.Adam(fused=True)``. ``--model lenet5``
+times LeNet-5-Caffe (:class:`~l0bayes.nn.LeNet5` against :class:`~l0bayes.nn.L0LeNet5`, 1 x 28 x 28 images)
+instead of the MLP.
 
 The step loops are minimal copies of the loop in :func:`l0bayes.inference.train` (zero_grad,
 loss / N, finiteness check, backward, Adam step, loss accumulated as a float), so the timing
@@ -68,7 +70,7 @@ from tables import format_table
 from l0bayes.data import find_fashion_mnist, load_mnist_format
 from l0bayes.inference import ParameterAverage, train
 from l0bayes.models import SparseClassifier
-from l0bayes.nn import L0MLP, MLP, gate_set, gates_of, layers
+from l0bayes.nn import L0MLP, MLP, L0LeNet5, LeNet5, gate_set, gates_of, layers
 
 BATCH_SIZE = 100
 LR = 1e-3
@@ -79,21 +81,27 @@ METHODS = ("dense", "penalized", "penalized_autograd", "penalized_protocol", "ba
 
 
 # ---------------------------------------------------------------------------- data and models
+#: ``--model``: the paper's MLP 784-300-100 (flattened images) or LeNet-5-Caffe (1 x 28 x 28 images).
+MODELS = {
+    "mlp": (lambda: MLP(784, (300, 100), 10), lambda: L0MLP(784, (300, 100), 10), (784,)),
+    "lenet5": (LeNet5, L0LeNet5, (1, 28, 28)),
+}
+MODEL = "mlp"
+
+
 def load_data(data_dir):
     directory = data_dir or find_fashion_mnist()
     if directory is None:
         sys.exit("Fashion-MNIST not found: apt-get install dataset-fashion-mnist, or pass --data-dir")
     images, labels = load_mnist_format(directory, "train")
-    x = images.reshape(images.shape[0], -1).to(torch.float32).div_(255.0)
+    x = images.reshape(images.shape[0], *MODELS[MODEL][2]).to(torch.float32).div_(255.0)
     return directory, x, labels
 
 
 def make_model(method, device):
     torch.manual_seed(SEED)
-    if method == "dense":
-        model = MLP(784, (300, 100), 10)
-    else:
-        model = SparseClassifier(L0MLP(784, (300, 100), 10), lam=LAM)
+    dense, gated, _ = MODELS[MODEL]
+    model = dense() if method == "dense" else SparseClassifier(gated(), lam=LAM)
     return model.to(device).train()
 
 
@@ -402,6 +410,7 @@ def compile_eval(x, y, steps, repeats, device):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--model", choices=sorted(MODELS), default="mlp", help="MLP 784-300-100 or LeNet-5-Caffe")
     parser.add_argument(
         "--steps", type=int, default=0, help="minibatches timed per method and repeat (0: a full epoch, 600)"
     )
@@ -426,8 +435,11 @@ def main(argv=None):
         "CPU only, meaningful with --threads 1)",
     )
     args = parser.parse_args(argv)
-    global CLOCK, CLOCK_NAME
+    global CLOCK, CLOCK_NAME, MODEL
     CLOCK, CLOCK_NAME = CLOCKS[args.clock], args.clock
+    MODEL = args.model
+    if args.model != "mlp" and (args.curve or args.compile):
+        parser.error("--curve and --compile time the MLP (fc1's gates); leave --model at mlp")
     if args.clock == "cpu" and args.device != "cpu":
         parser.error("--clock cpu measures CPU time and is meaningless for --device cuda")
 
@@ -443,7 +455,8 @@ def main(argv=None):
 
     print(f"# bench_training  {datetime.date.today()}  python {platform.python_version()}  torch {torch.__version__}")
     print(
-        f"# clock={args.clock}  device={device}  threads={torch.get_num_threads()}  cpus={os.cpu_count()}  "
+        f"# model={args.model}  clock={args.clock}  device={device}  threads={torch.get_num_threads()}  "
+        f"cpus={os.cpu_count()}  "
         f"data={directory} "
         f"N={num_data}  batch={BATCH_SIZE}  timed steps/method/repeat={steps} "
         f"({'full epoch' if steps == steps_per_epoch else f'extrapolated to {steps_per_epoch} steps'})"

@@ -169,3 +169,24 @@ def test_regression_records_test_rmse_each_epoch():
     assert rmse[-1] == pytest.approx(expected, rel=1e-5)
     assert rmse[-1] < 0.7 < rmse[0]  # noise sd 0.5: the fit gets there from an empty model's ~2.8
     assert result.history[-1]["test_error"] is None
+
+
+@pytest.mark.parametrize("kl", [True, False])
+def test_record_free_energy_equals_pyro_traces(kl):
+    # The end-of-epoch record takes the model's fused losses; Pyro's traces of model and guide
+    # (free_energy) are the reference, for the same gate draws.
+    from l0bayes.inference.free_energy import free_energy
+    from l0bayes.inference.training import _free_energy_terms
+
+    torch.manual_seed(0)
+    model = SparseClassifier(L0MLP(6, (5, 4), 3), lam=0.3, weight_decay=0.01).double().train()
+    x = torch.randn(40, 6, dtype=torch.float64)
+    y = torch.randint(0, 3, (40,))
+    torch.manual_seed(7)
+    fast = _free_energy_terms(model, x, y, 1000, kl)
+    torch.manual_seed(7)
+    reference = free_energy(model.model, model.guide, x, y, 1000, kl=kl)
+    for name in ("nll", "gate_kl", "other_kl", "code_cost"):
+        a, b = float(getattr(fast, name)), float(getattr(reference, name))
+        assert abs(a - b) <= 1e-12 * max(1.0, abs(b)), (name, a, b)
+    assert (float(fast.gate_kl) > 0) == kl

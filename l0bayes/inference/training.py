@@ -22,7 +22,7 @@ from .checkpoint import numpy_rng_state, save_checkpoint, set_numpy_rng_state
 from .device import resolve_device
 from .distributed import DataParallelContext
 from .errors import NonFiniteLossError
-from .free_energy import free_energy
+from .free_energy import FreeEnergy, free_energy
 from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, make_objective
 
 __all__ = ["NonFiniteLossError", "OBJECTIVES", "ParameterAverage", "TrainResult", "resolve_device", "train"]
@@ -391,7 +391,7 @@ def _full_record(model, x, y, estimator, batch_size, device, test_data, input_sh
     take = min(x.shape[0], max(batch_size, 1000))
     with torch.no_grad():
         xb, yb = x[:take].to(device), y[:take].to(device)
-        terms = free_energy(model.model, model.guide, xb, yb, x.shape[0], kl=estimator.kl)
+        terms = _free_energy_terms(model, xb, yb, x.shape[0], estimator.kl)
     torch.set_rng_state(rng_state)
     record.update(terms.as_dict())
     gates = gates_of(model)
@@ -405,6 +405,23 @@ def _full_record(model, x, y, estimator, batch_size, device, test_data, input_sh
     if input_shape is not None:
         record.update(_flops_record(model, input_shape))
     return record
+
+
+def _free_energy_terms(model, x, y, num_data, kl):
+    """:func:`free_energy` of the model and guide, through the model's own fused losses when it has them.
+
+    ``bayes_loss`` / ``penalized_loss`` give the same terms for the same draws in one pass over the
+    gates instead of Pyro's traces (the record is then a few percent of a small epoch, not a third).
+    """
+    fused = "bayes_loss" if kl else "penalized_loss"
+    if not hasattr(model, fused) or not model.training:
+        return free_energy(model.model, model.guide, x, y, num_data, kl=kl)
+    if kl:
+        nll, gate_kl, code_cost = model.bayes_loss(x, y, num_data)
+    else:
+        (nll, code_cost), gate_kl = model.penalized_loss(x, y, num_data), None
+    zero = torch.zeros_like(nll)
+    return FreeEnergy(nll=nll, gate_kl=zero if gate_kl is None else gate_kl, other_kl=zero, code_cost=code_cost)
 
 
 def _save(path, model, optimizer, multipliers, history, epoch, shuffle, extra=None):
