@@ -68,35 +68,27 @@ class _GatedInput(torch.autograd.Function):
     :math:`\bar z_i = \sum_o (\bar y^\top x)_{oi} W_{oi} = \frac{1}{z_i} \sum_o \bar W_{oi} W_{oi}` for an
     open gate. This spares autograd's ``B x out x in`` product :math:`\bar y W` (the gradient of the
     gated input) and the two extra passes over ``W`` of the form :math:`x (W \operatorname{diag} z)^\top`.
-    For a closed gate (:math:`z_i = 0`) the derivative is the exact column
-    :math:`\sum_o (\bar y^\top x_{:, i})_o W_{oi}` with ``exact_closed``, else 0 (as the compact product
-    gives it: the hard sigmoid of Eq. 11 is flat wherever a gate is 0). Not twice differentiable.
+    A closed gate (:math:`z_i = 0`) gets 0, as from the compact product: the hard sigmoid of Eq. 11
+    is flat wherever a gate is 0. Accurate to the dtype's relative precision while :math:`x z` does
+    not underflow (a hard concrete gate that is not 0 is at least about the dtype's epsilon times
+    :math:`|\gamma|`). Not twice differentiable.
     """
 
     @staticmethod
-    def forward(ctx, x, z, weight, bias, exact_closed):
+    def forward(ctx, x, z, weight, bias):
         xz = x * z
-        ctx.exact_closed = exact_closed
-        ctx.save_for_backward(x, xz, z, weight)
+        ctx.save_for_backward(xz, z, weight)
         return F.linear(xz, weight, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y):
-        x, xz, z, weight = ctx.saved_tensors
-        _, need_z, need_w, need_b, _ = ctx.needs_input_grad
+        xz, z, weight = ctx.saved_tensors
+        _, need_z, need_w, need_b = ctx.needs_input_grad
         g2 = grad_y.reshape(-1, grad_y.shape[-1])
         grad_w = g2.t().mm(xz.reshape(g2.shape[0], -1))
-        grad_z = None
-        if need_z:
-            closed = z == 0
-            grad_z = (grad_w * weight).sum(0).div_(z).masked_fill_(closed, 0.0)
-            if ctx.exact_closed and closed.any():
-                columns = closed.nonzero().squeeze(-1)
-                x_closed = x.reshape(g2.shape[0], -1).index_select(1, columns)
-                exact = (g2.t().mm(x_closed) * weight.index_select(1, columns)).sum(0)
-                grad_z.index_copy_(0, columns, exact)
-        return None, grad_z, grad_w if need_w else None, g2.sum(0) if need_b else None, None
+        grad_z = (grad_w * weight).sum(0).div_(z).masked_fill_(z == 0, 0.0) if need_z else None
+        return None, grad_z, grad_w if need_w else None, g2.sum(0) if need_b else None
 
 
 def _scale_weight(x, weight):
@@ -114,8 +106,7 @@ def gated_linear(x, z, weight, bias=None, mode="auto", num_open=None):
     :param bias: ``(out,)`` or ``None``; :param mode: one of :data:`CONDITIONAL_MODES`;
     :param num_open: the number of nonzero entries of ``z`` if known (see :func:`use_compact`).
 
-    An input that needs no gradient (a first layer) with gates that do takes :class:`_GatedInput`
-    (with ``mode=False`` it also forms the derivative with respect to the value of a closed gate);
+    An input that needs no gradient (a first layer) with gates that do takes :class:`_GatedInput`;
     otherwise autograd differentiates :math:`(x \odot z) W^\top` or :math:`x\,(W \operatorname{diag}
     z)^\top`, whichever scales fewer numbers. With open columns selected, the gradients of the closed
     columns of ``x`` and ``W`` are exact zeros (``index_select``'s backward), as in the full product.
@@ -128,7 +119,7 @@ def gated_linear(x, z, weight, bias=None, mode="auto", num_open=None):
     if columns is not None:
         x, z, weight = x.index_select(-1, columns), z.index_select(0, columns), weight.index_select(1, columns)
     if torch.is_grad_enabled() and z.requires_grad and not x.requires_grad:
-        return _GatedInput.apply(x, z, weight, bias, mode is False)
+        return _GatedInput.apply(x, z, weight, bias)
     if _scale_weight(x, weight):
         return F.linear(x, weight * z, bias)
     return F.linear(x * z, weight, bias)
