@@ -72,7 +72,8 @@ from l0bayes.inference import ParameterAverage, train
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, MLP, L0LeNet5, LeNet5, gate_set, gates_of, layers
 
-BATCH_SIZE = 100
+PAPER_BATCH_SIZE = 100
+BATCH_SIZE = PAPER_BATCH_SIZE  # --batch-size
 LR = 1e-3
 LAM = 0.1
 SEED = 0
@@ -411,6 +412,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--model", choices=sorted(MODELS), default="mlp", help="MLP 784-300-100 or LeNet-5-Caffe")
+    parser.add_argument("--batch-size", type=int, default=PAPER_BATCH_SIZE, help="minibatch size (the paper's: 100)")
     parser.add_argument(
         "--steps", type=int, default=0, help="minibatches timed per method and repeat (0: a full epoch, 600)"
     )
@@ -435,9 +437,11 @@ def main(argv=None):
         "CPU only, meaningful with --threads 1)",
     )
     args = parser.parse_args(argv)
-    global CLOCK, CLOCK_NAME, MODEL
+    global CLOCK, CLOCK_NAME, MODEL, BATCH_SIZE
     CLOCK, CLOCK_NAME = CLOCKS[args.clock], args.clock
-    MODEL = args.model
+    MODEL, BATCH_SIZE = args.model, args.batch_size
+    if BATCH_SIZE < 1:
+        parser.error(f"--batch-size must be positive, got {BATCH_SIZE}")
     if args.model != "mlp" and (args.curve or args.compile):
         parser.error("--curve and --compile time the MLP (fc1's gates); leave --model at mlp")
     if args.clock == "cpu" and args.device != "cpu":
