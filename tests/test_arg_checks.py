@@ -99,3 +99,30 @@ def test_read_idx_huge_header_is_a_clear_error(tmp_path):
     wrap = b"\x00\x00\x08\x02" + (2**32 - 1).to_bytes(4, "big") + (2**32 - 1).to_bytes(4, "big")
     with pytest.raises(ValueError, match="truncated IDX file"):
         read_idx(_write(tmp_path / "wrap", wrap + b"\x00"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [None, math.nan, math.inf, -math.inf])
+def test_all_finite_agrees_with_numpy(dtype, bad):
+    from l0bayes.utils import all_finite
+
+    x = torch.randn(50, 7).to(dtype)
+    if bad is not None:
+        x[31, 4] = bad
+    assert all_finite(x) == bool(np.isfinite(x.double().numpy()).all())
+    assert all_finite(torch.empty(0, 3, dtype=dtype)) and all_finite(torch.arange(5))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_train_refuses_non_finite_inputs(bad):
+    from l0bayes.inference import train
+    from l0bayes.nn import L0LeNet5
+
+    images = torch.rand(8, 1, 28, 28)
+    images[5, 0, 3, 3] = bad
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        train(SparseClassifier(L0LeNet5()), images, torch.zeros(8, dtype=torch.long), epochs=1, progress=False)
+    features = torch.rand(8, 6)
+    features[2, 1] = bad
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        train(SparseClassifier(L0MLP(6, (4,), 2)), features, torch.zeros(8, dtype=torch.long), epochs=1, progress=False)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..nn.gates import gates_of
-from ..utils import check_xy
+from ..utils import all_finite, check_xy
 from .averaging import ParameterAverage
 from .checkpoint import numpy_rng_state, save_checkpoint, set_numpy_rng_state
 from .device import resolve_device
@@ -448,7 +448,7 @@ def _check_data(model, x, y, name):
     if x.dim() == 2:
         check_xy(x, y if y is None or y.is_floating_point() else y.to(x.dtype), num_features)
     else:
-        if not torch.isfinite(x).all():
+        if not all_finite(x):
             raise ValueError(f"{name} inputs contain NaN or infinite values")
         if y is not None and y.shape[0] != x.shape[0]:
             raise ValueError(f"{name}: {x.shape[0]} inputs but {y.shape[0]} labels")
