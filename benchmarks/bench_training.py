@@ -12,7 +12,8 @@ MLP 784-300-100-10 trained with Adam (lr 1e-3) in these ways:
 * ``bayes``: SVI on Eq. 21 with the analytic gate KL as ``train(objective="bayes")`` runs it:
   ``SparseClassifier.bayes_loss`` (all gates in one fused pass, the KL with its closed-form gradient);
 * ``penalized_autograd``: ``penalized`` with the layers' product as it was before issue 13, for a
-  side-by-side measure of that issue's change: ``F.linear(x * z, W, b)`` differentiated by autograd
+  side-by-side measure of that issue's change: ``F.linear(x * z, W, b)`` and ``F.conv2d(x, W, b) * z``
+  differentiated by autograd
   (no hand-written backward, no open-gate count, no conditional computation);
 * ``bayes_pyro``: the same free energy through Pyro, ``TraceMeanField_ELBO().differentiable_loss(
   model.model, model.guide, ...)`` (the registered KL, the code cost as a factor), for reference.
@@ -108,14 +109,18 @@ def make_model(method, device):
 
 @contextlib.contextmanager
 def autograd_hot_path():
-    """Within the context the gated layers run as before issue 13: ``F.linear(x * z, W, b)``, no open-gate count."""
-    saved = (layers.gated_linear, gate_set._Group.open_counts)
+    """Within the context the gated layers run as before issue 13: ``F.linear(x * z, W, b)`` and the convolution's
+    output scaled by the gates, ``F.conv2d(x, W, b) * z``, differentiated by autograd, no open-gate count."""
+    saved = (layers.gated_linear, layers.gated_conv2d, gate_set._Group.open_counts)
     layers.gated_linear = lambda x, z, weight, bias, mode, num_open: F.linear(x * z, weight, bias)
+    layers.gated_conv2d = lambda x, z, weight, bias, stride, padding, dilation, mode, num_open: (
+        F.conv2d(x, weight, bias, stride, padding, dilation) * z[:, None, None]
+    )
     gate_set._Group.open_counts = lambda group, z: [None] * len(group.gates)
     try:
         yield
     finally:
-        layers.gated_linear, gate_set._Group.open_counts = saved
+        layers.gated_linear, layers.gated_conv2d, gate_set._Group.open_counts = saved
 
 
 def make_step(method, model, num_data):
