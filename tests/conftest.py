@@ -8,9 +8,7 @@ CUDA = torch.cuda.is_available()
 
 #: The CUDA variant of a test: marked ``gpu`` (the default run, ``-m 'not slow and not gpu'``, deselects
 #: it, so a CPU-only machine neither runs nor lists it) and skipped where CUDA is missing.
-CUDA_PARAM = pytest.param(
-    "cuda", marks=(pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")), id="cuda"
-)
+CUDA_PARAM = pytest.param("cuda", marks=(pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")), id="cuda")
 DEVICES = ("cpu", CUDA_PARAM)
 
 
