@@ -105,3 +105,23 @@ def test_numpy_rng_state_round_trip(tmp_path):
     np.random.seed(0)
     set_numpy_rng_state(load_checkpoint(path)["numpy"])
     np.testing.assert_array_equal(np.random.standard_normal(5), expected)
+
+
+def test_tensors_of_the_device_round_trip(tmp_path, device):
+    """A state with tensors on the device (CUDA's generator state included there) loads, safely, onto either device."""
+    g = torch.Generator().manual_seed(0)
+    weights = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    state = {"epoch": 2, "w": weights.to(device), "rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, state)
+    for where in ("cpu", device):
+        loaded = load_checkpoint(path, map_location=where)
+        assert loaded["w"].device.type == torch.device(where).type
+        assert torch.equal(loaded["w"].cpu(), weights) and torch.equal(loaded["rng"].cpu(), state["rng"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state_all(load_checkpoint(path)["cuda_rng"])
+        first = torch.rand(5, device=device)
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+        assert torch.equal(torch.rand(5, device=device), first)
