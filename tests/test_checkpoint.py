@@ -125,3 +125,18 @@ def test_tensors_of_the_device_round_trip(tmp_path, device):
         first = torch.rand(5, device=device)
         torch.cuda.set_rng_state_all(state["cuda_rng"])
         assert torch.equal(torch.rand(5, device=device), first)
+
+
+def test_resume_reads_rng_states_onto_the_cpu(tmp_path):
+    """train(resume=True) on CUDA passes map_location="cuda"; the RNG states it restores must stay CPU tensors."""
+    from l0bayes.inference import train
+    from l0bayes.inference.distributed import DataParallelContext
+    from l0bayes.models import SparseLinearRegression
+
+    path = tmp_path / "ckpt.pt"
+    x, y = torch.randn(40, 3), torch.randn(40)
+    train(SparseLinearRegression(3), x, y, epochs=1, batch_size=20, checkpoint=str(path), progress=False)
+    state = DataParallelContext(False, "cpu").load(str(path), map_location="meta")  # any device but the CPU
+    assert state["rng"]["torch"].device.type == "cpu" and state["shuffle"].device.type == "cpu"
+    torch.set_rng_state(state["rng"]["torch"])  # what resuming does with it
+    assert all(t.device.type == "cpu" for t in state["model"].values())

@@ -3,9 +3,9 @@
 # (eager and CUDA graphs), the KL of 10^7 gate pairs, select_variables at p = 100,000, and data-parallel
 # training under torchrun with checkpoint and resume. Everything goes to $OUT: call1.md (machine, the
 # tables, each step's tail), tests.log, bench.log, ddp.log. Each step has its own time limit, and the
-# call stops starting steps when its BUDGET (seconds, default 560 of the tool's 600) runs short.
+# call stops starting steps when its BUDGET (seconds, default 520 of the tool's 600) runs short.
 set -uo pipefail
-BUDGET=${BUDGET:-560}
+BUDGET=${BUDGET:-520}
 source benchmarks/gpu/env.sh || exit 1
 MD=$OUT/call1.md
 {
@@ -22,7 +22,7 @@ MD=$OUT/call1.md
 #    in the background on 12 xdist workers, while the data-parallel check runs (neither is timed).
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12 --dist loadfile" || echo "")
 PER_TEST=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout=180" || echo "")
-TESTS_CAP=$(cap 210 330)
+TESTS_CAP=$(cap 200 300)
 say "tests: python3 -m pytest -m '' $XDIST (cap ${TESTS_CAP} s)" | tee -a "$MD"
 (timeout -s INT -k 15 "$TESTS_CAP" python3 -m pytest -q -m '' -p no:cacheprovider $XDIST -rfEs --durations=25 \
   $PER_TEST >"$OUT/tests.log" 2>&1; echo "pytest exit status $?" >>"$OUT/tests.log") &
@@ -52,26 +52,26 @@ wait "$TESTS_PID"
 # 3. Throughput (GPU to itself from here on): eager steps, data resident on the GPU, ratios to dense.
 for spec in "mlp 100" "mlp 1000" "lenet5 100" "lenet5 1000"; do
   set -- $spec
-  C=$(cap 60 150)
+  C=$(cap 45 200)
   say "bench_training --model $1 --batch-size $2 (cap $C s)" | tee -a "$MD"
   timeout "$C" python3 benchmarks/bench_training.py --device cuda --model "$1" --batch-size "$2" --repeats 3 --steps 100 \
     --markdown --data-dir "$FMNIST" 2>&1 | tee -a "$OUT/bench.log" | grep -v "^  repeat" | tail -14 >>"$MD"
 done
 # 4. CUDA graphs (and the compiled loss inside a graph) for the MLP at batch 100: the >= 1M images/s target.
-C=$(cap 150 110)
+C=$(cap 130 90)
 say "bench_training --cuda-graph --graph-compile, MLP, batch 100 (cap $C s)" | tee -a "$MD"
 timeout "$C" python3 benchmarks/bench_training.py --device cuda --model mlp --batch-size 100 --cuda-graph --graph-compile \
   --repeats 3 --steps 600 --markdown --data-dir "$FMNIST" 2>&1 | tee -a "$OUT/bench.log" | tail -16 >>"$MD"
 
-# 5. KL of 10^7 gate pairs (and 10^6), float32 and float64, with peak memory.
+# 5. KL of 10^7 gate pairs, float32 and float64, with peak memory.
 for dtype in float32 float64; do
-  C=$(cap 45 80)
-  say "bench_distribution --sizes 1e6 1e7 --dtype $dtype (cap $C s)" | tee -a "$MD"
-  timeout "$C" python3 benchmarks/bench_distribution.py --device cuda --sizes 1e6 1e7 --dtype "$dtype" --markdown \
+  C=$(cap 30 60)
+  say "bench_distribution --sizes 1e7 --dtype $dtype (cap $C s)" | tee -a "$MD"
+  timeout "$C" python3 benchmarks/bench_distribution.py --device cuda --sizes 1e7 --dtype "$dtype" --markdown \
     2>&1 | tee -a "$OUT/bench.log" | tail -14 >>"$MD"
 done
 # 6. select_variables at p = 100,000 (n = 1000, rho 0.5, 20 effects) on CUDA and on the 16 CPU cores.
-C=$(cap 90 50)
+C=$(cap 60 10)
 say "select_large --p 100000 (cap $C s)" | tee -a "$MD"
 OMP_NUM_THREADS=16 timeout "$C" python3 benchmarks/gpu/select_large.py --p 100000 --devices cuda cpu --threads 16 \
   2>&1 | tee -a "$OUT/bench.log" | tail -8 >>"$MD"

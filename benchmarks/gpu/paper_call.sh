@@ -7,7 +7,7 @@
 # log), NAME.scheduler (its per-poll progress), paper_summary.md, per_epoch.csv, paper_per_epoch.png (benchmarks/gpu/summarize.py over every job
 # in runs/gpu-paper so far) and paper-runs-NAME.tar.gz (every job's history, summary, log; no .pt files).
 set -uo pipefail
-BUDGET=${BUDGET:-585}
+BUDGET=${BUDGET:-540}
 NAME=$1
 shift
 source benchmarks/gpu/env.sh || exit 1
