@@ -25,7 +25,7 @@ PER_TEST=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout=180
 TESTS_CAP=$(cap 200 300)
 say "tests: python3 -m pytest -m '' $XDIST (cap ${TESTS_CAP} s)" | tee -a "$MD"
 [ "${SKIP_TESTS:-0}" = 1 ] && TESTS_CAP=1  # (to try the script's flow elsewhere)
-(timeout -s INT -k 15 "$TESTS_CAP" python3 -m pytest -q -m '' -p no:cacheprovider $XDIST -rfEs --durations=25 \
+(timeout -s INT -k 15 "$TESTS_CAP" python3 -m pytest -q -m '' -p no:cacheprovider --continue-on-collection-errors $XDIST -rfEs --durations=25 \
   $PER_TEST >"$OUT/tests.log" 2>&1; echo "pytest exit status $?" >>"$OUT/tests.log") &
 TESTS_PID=$!
 
