@@ -43,11 +43,19 @@ Issue 13 adds three measurements, each its own run:
   ``torch.compile`` against eager, with the first-call (compile) time and the recompiles counted
   when the open set of fc1 changes.
 
+Issue 15 adds ``--cuda-graph`` (CUDA only): the dense, penalised (with and without the paper code's
+projection and averaging) and Bayes steps each captured whole in a ``torch.cuda.CUDAGraph`` (minibatch
+gather from the GPU-resident data, forward, loss, backward, fused Adam with ``capturable=True``) and
+replayed, against the eager steps, interleaved as above; ``--graph-compile`` adds the dense and penalised
+graphs with the loss under ``torch.compile`` (fewer, fused kernels per step). At batch 100 a step is a few dozen
+tiny kernels, so the launch cost, which a replay pays once, is the limit of the eager step.
+
 Example::
 
     python benchmarks/bench_training.py --repeats 3 --markdown
     python benchmarks/bench_training.py --steps 200 --profile 50
     python benchmarks/bench_training.py --threads 1 --clock cpu --steps 200   # on a shared machine
+    python benchmarks/bench_training.py --device cuda --cuda-graph --graph-compile --steps 300   # issue 15
 """
 
 import argparse
@@ -79,6 +87,8 @@ LR = 1e-3
 LAM = 0.1
 SEED = 0
 TARGETS = {"penalized": 1.10, "bayes": 1.25}  # max ratio to dense (CPU), issue 13
+GPU_TARGETS = {"penalized": 1.2, "bayes": 1.4}  # max ratio to dense on a GPU, issue 15
+GRAPH_TARGET_IMAGES_PER_S = 1_000_000  # the MLP's penalised step at batch 100 with CUDA graphs, issue 15
 METHODS = ("dense", "penalized", "penalized_autograd", "penalized_protocol", "bayes", "bayes_pyro")
 
 
@@ -412,6 +422,198 @@ def compile_eval(x, y, steps, repeats, device):
     return rows
 
 
+# ---------------------------------------------------------------------------- issue 15: CUDA graphs
+GRAPH_METHODS = ("dense", "penalized", "penalized_protocol", "bayes")
+COMPILE_METHODS = ("dense", "penalized")  # --graph-compile: the issue's MLP target and its reference
+
+
+def graph_loss(method, model, num_data):
+    """The loss of one step of ``method`` (nats) as a function of the minibatch, reading nothing back to the host.
+
+    The loss of :func:`make_step` without its finiteness check and ``float(loss)``: both wait for the
+    device, which a CUDA graph cannot contain (:class:`GraphStep` checks finiteness after the replays).
+    The models' CUDA paths count no open gates and choose no compact product (l0bayes.nn.gate_set,
+    l0bayes.nn.gated_ops), so the penalised and Bayes losses synchronise nothing either
+    (tests/test_bench_graph.py runs these functions on the ``meta`` device, where any read raises).
+    """
+    if method == "dense":
+        return lambda xb, yb: F.cross_entropy(model(xb), yb) * num_data
+    if method in ("penalized", "penalized_protocol"):
+        return lambda xb, yb: sum(model.penalized_loss(xb, yb, num_data))
+    if method == "bayes":
+        return lambda xb, yb: sum(model.bayes_loss(xb, yb, num_data))
+    raise ValueError(f"no graph step for {method!r}; one of {GRAPH_METHODS}")
+
+
+def graph_body(method, model, x, y, index, optimizer, total, num_data, compiled=False):
+    """What the graph holds: gather ``x[index]``, ``y[index]``, loss, backward, Adam step, ``total += loss``.
+
+    For ``penalized_protocol`` also the projection of ``log_alpha`` and the parameter average, as
+    ``train(log_alpha_range=(log 0.01, log 100), ema_decay=0.999)``.
+    """
+    loss_fn = graph_loss(method, model, num_data)
+    if compiled:
+        loss_fn = torch.compile(loss_fn)
+    after = None
+    if method == "penalized_protocol":
+        log_alphas = [g.log_alpha for _, g in gates_of(model)]
+        average = ParameterAverage(model, 0.999)
+        low, high = math.log(0.01), math.log(100.0)
+
+        def after():
+            with torch.no_grad():
+                torch._foreach_clamp_min_(log_alphas, low)
+                torch._foreach_clamp_max_(log_alphas, high)
+            average.update()
+
+    def body():
+        loss = loss_fn(x.index_select(0, index), y.index_select(0, index))
+        (loss / num_data).backward()
+        optimizer.step()
+        if after is not None:
+            after()
+        total.add_(loss.detach())
+
+    return body
+
+
+class GraphStep:
+    """One training step of ``method`` captured in a ``torch.cuda.CUDAGraph``; calling it replays the graph.
+
+    ``x`` and ``y`` stay on the GPU; a step copies the minibatch's indices into a static buffer and
+    replays (index_select, forward, loss, backward, fused Adam with ``capturable=True``, whose step
+    count lives on the device). Gate noise comes from the default CUDA generator, which the capture
+    registers: every replay draws new gates. The losses are summed on the device in :attr:`total`.
+    """
+
+    def __init__(self, method, model, x, y, batch_size, compiled=False, warmup=3):
+        if not torch.cuda.is_available() or x.device.type != "cuda":
+            raise RuntimeError("a CUDA graph step needs CUDA and the data on the GPU (--device cuda)")
+        num_data = x.shape[0]
+        self.model = model
+        self.index = torch.zeros(batch_size, dtype=torch.long, device=x.device)
+        self.total = torch.zeros((), dtype=torch.float64, device=x.device)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=LR, fused=True, capturable=True)
+        body = graph_body(method, model, x, y, self.index, self.optimizer, self.total, num_data, compiled)
+        # Warm-up on a side stream: cuBLAS handles, compilation, the gates' and the KL's cached constants.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for k in range(warmup):
+                self.index.copy_(torch.arange(k * batch_size, (k + 1) * batch_size, device=x.device) % num_data)
+                self.optimizer.zero_grad(set_to_none=True)
+                body()
+        torch.cuda.current_stream().wait_stream(side)
+        self.optimizer.zero_grad(set_to_none=True)  # the graph's backward allocates the gradients it then reuses
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            body()
+        torch.cuda.synchronize()
+        self.total.zero_()
+
+    def __call__(self, idx):
+        self.index.copy_(idx)
+        self.graph.replay()
+
+    def check_finite(self):
+        """Raise if the summed loss or a parameter is not finite (one read, after the timed replays)."""
+        finite = (
+            torch.isfinite(self.total) & torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
+        )
+        if not bool(finite):
+            raise FloatingPointError("non-finite loss or parameter in the graph replays")
+
+
+def run_graph_steps(step, order, count, device):
+    """``count`` replays over the minibatches of ``order`` (on the device); returns seconds."""
+    num_batches = order.numel() // BATCH_SIZE  # whole minibatches: the graph's shapes are fixed
+    _sync(device)
+    t0 = CLOCK()
+    for k in range(count):
+        b = k % num_batches
+        step(order[b * BATCH_SIZE : (b + 1) * BATCH_SIZE])
+    _sync(device)
+    return CLOCK() - t0
+
+
+def graph_eval(x, y, steps, repeats, warmup, device, compile_too):
+    """Per method: ms/step eager (``make_step``), as a CUDA graph, and (``compile_too``) a graph of the compiled loss.
+
+    A variant that fails (capture, compilation) is reported with its error instead of stopping the run.
+    Returns ``{(method, variant): {"times": [...], "error": str or None}}``.
+    """
+    num_data = x.shape[0]
+    variants = ["eager", "graph"] + (["graph+compile"] if compile_too else [])
+    fns, rows = {}, {}
+    shuffle = torch.Generator().manual_seed(SEED)
+    warm = torch.randperm(num_data, generator=shuffle).to(device)
+    for method in GRAPH_METHODS:
+        for variant in variants:
+            if variant == "graph+compile" and method not in COMPILE_METHODS:
+                continue
+            key = (method, variant)
+            rows[key] = {"times": [], "error": None}
+            try:
+                model = make_model(method, device)
+                if variant == "eager":
+                    step = make_step(method, model, num_data)
+                    run_steps(step, x, y, warm, 0, warmup, device)
+                    fns[key] = lambda order, count, step=step: run_steps(step, x, y, order, 0, count, device)
+                else:
+                    step = GraphStep(method, model, x, y, BATCH_SIZE, compiled=variant == "graph+compile")
+                    run_graph_steps(step, warm, warmup, device)
+                    fns[key] = lambda order, count, step=step: run_graph_steps(step, order, count, device)
+                    rows[key]["step"] = step
+            except Exception as err:  # reported in the table; the other variants go on
+                rows[key]["error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
+                print(f"  {method} {variant}: FAILED {rows[key]['error']}", flush=True)
+    keys = list(fns)
+    for r in range(repeats):
+        order = torch.randperm(num_data, generator=shuffle).to(device)
+        rot = r % len(keys) if keys else 0
+        for key in keys[rot:] + keys[:rot]:
+            rows[key]["times"].append(fns[key](order, steps) / steps)
+    for row in rows.values():
+        if "step" in row:
+            try:
+                row.pop("step").check_finite()
+            except FloatingPointError as err:
+                row["error"] = str(err)
+    return rows
+
+
+def graph_table(rows, markdown):
+    """The ``--cuda-graph`` table: ms/step, images/s, ratio to the eager dense step and to the dense graph."""
+    base = {v: rows.get(("dense", v), {}).get("times") for v in ("eager", "graph", "graph+compile")}
+    table = []
+    for (method, variant), row in rows.items():
+        if row["error"] or not row["times"]:
+            table.append((method, variant, "-", "-", "-", "-", row["error"] or "not timed"))
+            continue
+        med = statistics.median(row["times"])
+
+        def ratio(ref, times=row["times"]):
+            return "-" if not ref else f"{statistics.median([a / b for a, b in zip(times, ref, strict=True)]):.2f}x"
+
+        note = ""
+        if method == "penalized" and variant != "eager" and MODEL == "mlp" and BATCH_SIZE == PAPER_BATCH_SIZE:
+            ok = BATCH_SIZE / med >= GRAPH_TARGET_IMAGES_PER_S
+            note = f"{'PASS' if ok else 'FAIL'} (>= {GRAPH_TARGET_IMAGES_PER_S:,} images/s)"
+        table.append(
+            (
+                method,
+                variant,
+                f"{med * 1e3:.3f}",
+                f"{BATCH_SIZE / med:,.0f}",
+                ratio(base["eager"]),
+                ratio(base[variant]),
+                note,
+            )
+        )
+    header = ("method", "step", "ms/step", "images/s", "/ dense eager", "/ dense same step", "note")
+    return format_table(header, table, markdown)
+
+
 # ---------------------------------------------------------------------------- main
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -435,6 +637,12 @@ def main(argv=None):
     parser.add_argument("--memory", action="store_true", help="issue 13: peak RSS per method, fresh processes")
     parser.add_argument("--compile", action="store_true", help="issue 13: torch.compile against eager")
     parser.add_argument(
+        "--cuda-graph", action="store_true", help="issue 15: whole steps as CUDA graphs against eager (CUDA only)"
+    )
+    parser.add_argument(
+        "--graph-compile", action="store_true", help="with --cuda-graph: also graphs of the torch.compile'd loss"
+    )
+    parser.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
         default="wall",
@@ -451,6 +659,10 @@ def main(argv=None):
         parser.error("--curve and --compile time the MLP (fc1's gates); leave --model at mlp")
     if args.clock == "cpu" and args.device != "cpu":
         parser.error("--clock cpu measures CPU time and is meaningless for --device cuda")
+    if (args.cuda_graph or args.graph_compile) and not (args.device.startswith("cuda") and torch.cuda.is_available()):
+        parser.error("--cuda-graph captures CUDA graphs: it needs --device cuda on a machine with CUDA")
+    if args.graph_compile and not args.cuda_graph:
+        parser.error("--graph-compile goes with --cuda-graph")
 
     device = torch.device(args.device)
     if args.threads:
@@ -503,6 +715,11 @@ def main(argv=None):
         print(format_table(("method", "MB after data", "peak MB", "increase MB", "peak / dense"), table, args.markdown))
         print(f"# {load_line()}")
         return 0
+    if args.cuda_graph:
+        rows = graph_eval(x, y, steps, args.repeats, args.warmup, device, args.graph_compile)
+        print(graph_table(rows, args.markdown))
+        print(f"# {load_line()}")
+        return 0
     if args.compile:
         rows = compile_eval(x, y, steps, args.repeats, device)
         table = [
@@ -540,7 +757,7 @@ def main(argv=None):
     for m in METHODS:
         med = statistics.median(per_step[m])
         ratio = statistics.median(ratios[m])
-        target = TARGETS.get(m)
+        target = (TARGETS if device.type == "cpu" else GPU_TARGETS).get(m)
         verdict = "-" if target is None else ("PASS" if ratio <= target else "FAIL")
         rows.append(
             (

@@ -105,3 +105,38 @@ def test_numpy_rng_state_round_trip(tmp_path):
     np.random.seed(0)
     set_numpy_rng_state(load_checkpoint(path)["numpy"])
     np.testing.assert_array_equal(np.random.standard_normal(5), expected)
+
+
+def test_tensors_of_the_device_round_trip(tmp_path, device):
+    """A state with tensors on the device (CUDA's generator state included there) loads, safely, onto either device."""
+    g = torch.Generator().manual_seed(0)
+    weights = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    state = {"epoch": 2, "w": weights.to(device), "rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, state)
+    for where in ("cpu", device):
+        loaded = load_checkpoint(path, map_location=where)
+        assert loaded["w"].device.type == torch.device(where).type
+        assert torch.equal(loaded["w"].cpu(), weights) and torch.equal(loaded["rng"].cpu(), state["rng"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state_all(load_checkpoint(path)["cuda_rng"])
+        first = torch.rand(5, device=device)
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+        assert torch.equal(torch.rand(5, device=device), first)
+
+
+def test_resume_reads_rng_states_onto_the_cpu(tmp_path):
+    """train(resume=True) on CUDA passes map_location="cuda"; the RNG states it restores must stay CPU tensors."""
+    from l0bayes.inference import train
+    from l0bayes.inference.distributed import DataParallelContext
+    from l0bayes.models import SparseLinearRegression
+
+    path = tmp_path / "ckpt.pt"
+    x, y = torch.randn(40, 3), torch.randn(40)
+    train(SparseLinearRegression(3), x, y, epochs=1, batch_size=20, checkpoint=str(path), progress=False)
+    state = DataParallelContext(False, "cpu").load(str(path), map_location="meta")  # any device but the CPU
+    assert state["rng"]["torch"].device.type == "cpu" and state["shuffle"].device.type == "cpu"
+    torch.set_rng_state(state["rng"]["torch"])  # what resuming does with it
+    assert all(t.device.type == "cpu" for t in state["model"].values())

@@ -45,12 +45,12 @@ def _grads(loss, tensors):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("input_grad", [False, True])
 @pytest.mark.parametrize("shape", [(7, 30), (30,), (2, 5, 30)])
-def test_linear_equals_full_product(dtype, mode, input_grad, shape):
+def test_linear_equals_full_product(dtype, mode, input_grad, shape, device):
     torch.manual_seed(0)
-    layer = L0Linear(30, 9).to(dtype).set_conditional(mode)
+    layer = L0Linear(30, 9).to(dtype=dtype, device=device).set_conditional(mode)
     _close_some(layer, 0.6)
-    x = torch.randn(shape, dtype=dtype, requires_grad=input_grad)
-    w_out = torch.randn(shape[:-1] + (9,), dtype=dtype)
+    x = torch.randn(shape, dtype=dtype).to(device).requires_grad_(input_grad)
+    w_out = torch.randn(shape[:-1] + (9,), dtype=dtype).to(device)
     torch.manual_seed(1)
     y = layer(x)
     loss = (y * w_out).sum() + y.pow(2).sum()
@@ -69,12 +69,12 @@ def test_linear_equals_full_product(dtype, mode, input_grad, shape):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", MODES)
-def test_conv_equals_full_product(dtype, mode):
+def test_conv_equals_full_product(dtype, mode, device):
     torch.manual_seed(0)
-    layer = L0Conv2d(3, 8, 3, padding=1).to(dtype).set_conditional(mode)
+    layer = L0Conv2d(3, 8, 3, padding=1).to(dtype=dtype, device=device).set_conditional(mode)
     _close_some(layer, 0.6)
-    x = torch.randn(4, 3, 6, 6, dtype=dtype, requires_grad=True)
-    w_out = torch.randn(4, 8, 6, 6, dtype=dtype)
+    x = torch.randn(4, 3, 6, 6, dtype=dtype).to(device).requires_grad_()
+    w_out = torch.randn(4, 8, 6, 6, dtype=dtype).to(device)
     torch.manual_seed(1)
     y = layer(x)
     loss = (y * w_out).sum() + y.pow(2).sum()
@@ -105,13 +105,13 @@ def test_all_gates_closed():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_network_loss_and_gradients_equal_across_modes(dtype):
+def test_network_loss_and_gradients_equal_across_modes(dtype, device):
     """A whole penalised step (Eq. 22, fused gate draw) gives the same loss and gradients with and without skipping."""
     torch.manual_seed(0)
-    model = SparseClassifier(L0MLP(40, (20, 10), 3), lam=0.1).to(dtype)
+    model = SparseClassifier(L0MLP(40, (20, 10), 3), lam=0.1).to(dtype=dtype, device=device)
     for layer in (model.net.fc1, model.net.fc2):
         _close_some(layer, 0.55)
-    x, y = torch.randn(16, 40, dtype=dtype), torch.randint(0, 3, (16,))
+    x, y = torch.randn(16, 40, dtype=dtype).to(device), torch.randint(0, 3, (16,)).to(device)
     results = []
     for mode in (False, True):
         for layer in (model.net.fc1, model.net.fc2, model.net.fc3):
@@ -198,17 +198,17 @@ def test_hidden_layer_products_are_twice_differentiable(mode, out_features):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(7, 30), (2, 5, 30)])
 @pytest.mark.parametrize("mode", [False, "auto"])
-def test_first_layer_gate_gradient_including_closed_gates(dtype, shape, mode):
+def test_first_layer_gate_gradient_including_closed_gates(dtype, shape, mode, device):
     # The gate gradient read off the weight gradient (divided by z), against autograd on (x * z) W^T + b,
     # gates from 1e-6 to 1; a closed gate's value gets no derivative (the hard sigmoid is flat there).
     torch.manual_seed(5)
-    x = torch.randn(shape, dtype=dtype)
+    x = torch.randn(shape, dtype=dtype).to(device)
     z = torch.rand(30, dtype=dtype) * torch.logspace(-6, 0, 30, dtype=dtype)
     z[[0, 7, 29]] = 0.0
-    z.requires_grad_()
-    w = torch.randn(9, 30, dtype=dtype, requires_grad=True)
-    b = torch.randn(9, dtype=dtype, requires_grad=True)
-    w_out = torch.randn(shape[:-1] + (9,), dtype=dtype)
+    z = z.to(device).requires_grad_()
+    w = torch.randn(9, 30, dtype=dtype).to(device).requires_grad_()
+    b = torch.randn(9, dtype=dtype).to(device).requires_grad_()
+    w_out = torch.randn(shape[:-1] + (9,), dtype=dtype).to(device)
     y = gated_linear(x, z, w, b, mode=mode)
     grads = torch.autograd.grad((y * w_out).sum() + y.pow(2).sum(), [z, w, b])
     ref_y = F.linear(x * z, w, b)

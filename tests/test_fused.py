@@ -12,22 +12,23 @@ from l0bayes.nn.gate_set import GateSet
 from l0bayes.nn.gates import hard_concrete_rsample
 
 
-def _classifier(lam=0.1, dtype=torch.float64, weight_decay=0.0):
+def _classifier(lam=0.1, dtype=torch.float64, weight_decay=0.0, device="cpu"):
     torch.manual_seed(1)
-    net = L0MLP(20, (16, 8), 3).to(dtype)
+    net = L0MLP(20, (16, 8), 3).to(dtype=dtype, device=device)
     with torch.no_grad():  # spread the gates over open, closed and undecided
         for gate in (m for m in net.modules() if isinstance(m, HardConcreteGate)):
-            gate.log_alpha.copy_(torch.linspace(-4.0, 5.0, gate.num_gates, dtype=dtype))
+            gate.log_alpha.copy_(torch.linspace(-4.0, 5.0, gate.num_gates, dtype=dtype, device=device))
     return SparseClassifier(net, lam=lam, weight_decay=weight_decay, prior_inclusion=0.3)
 
 
-def _data(dtype=torch.float64, n=32):
+def _data(dtype=torch.float64, n=32, device="cpu"):
     g = torch.Generator().manual_seed(2)
-    return torch.randn(n, 20, generator=g, dtype=dtype), torch.randint(0, 3, (n,), generator=g)
+    x, y = torch.randn(n, 20, generator=g, dtype=dtype), torch.randint(0, 3, (n,), generator=g)
+    return x.to(device), y.to(device)
 
 
-def test_hard_concrete_rsample_equals_distribution_rsample():
-    log_alpha = torch.linspace(-6.0, 6.0, 50, dtype=torch.float64)
+def test_hard_concrete_rsample_equals_distribution_rsample(device):
+    log_alpha = torch.linspace(-6.0, 6.0, 50, dtype=torch.float64, device=device)
     torch.manual_seed(3)
     fast = hard_concrete_rsample(log_alpha, 0.5, -0.2, 1.3)
     torch.manual_seed(3)
@@ -44,9 +45,9 @@ def test_gate_methods_equal_the_distribution():
     torch.testing.assert_close(gate.deterministic(), d.deterministic_gate, rtol=1e-13, atol=1e-15)
 
 
-def test_gate_set_sampled_equals_per_gate_draws():
+def test_gate_set_sampled_equals_per_gate_draws(device):
     """One draw for all gates: the same random stream as drawing gate by gate."""
-    model = _classifier()
+    model = _classifier(device=device)
     gates = [m for m in model.net.modules() if isinstance(m, HardConcreteGate)]
     torch.manual_seed(4)
     per_gate = [g() for g in gates]
@@ -81,10 +82,10 @@ def test_code_cost_equals_per_layer_sum():
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_bayes_loss_equals_trace_mean_field_elbo(dtype):
+def test_bayes_loss_equals_trace_mean_field_elbo(dtype, device):
     """Eq. 21 computed directly equals Pyro's TraceMeanField_ELBO loss (analytic KL) on the same draws."""
-    model = _classifier(dtype=dtype)
-    x, y = _data(dtype)
+    model = _classifier(dtype=dtype, device=device)
+    x, y = _data(dtype, device=device)
     num_data = 1000
     torch.manual_seed(5)
     pyro.clear_param_store()
@@ -142,17 +143,17 @@ def test_log_prob_with_scalar_parameters_matches_reference(dtype):
 
 
 @pytest.mark.parametrize("prior_stretch", [(-0.1, 1.1), (-0.2, 1.05)])  # the gates' own stretch, another
-def test_gate_set_kl_matches_the_reference(prior_stretch):
+def test_gate_set_kl_matches_the_reference(prior_stretch, device):
     # The fused KL (floats, no distribution objects when the prior shares the gates' stretch; the general
     # path otherwise) against Eq. 28 from the independent mpmath/quadrature reference, gate by gate.
     import hc_reference as ref
 
-    net = torch.nn.Sequential(L0Linear(4, 3), torch.nn.ReLU(), L0Linear(3, 2)).double()
+    net = torch.nn.Sequential(L0Linear(4, 3), torch.nn.ReLU(), L0Linear(3, 2)).double().to(device)
     log_alphas = [torch.tensor([-3.0, -0.5, 1.0, 4.0]), torch.tensor([0.2, 2.5, -1.5])]
     with torch.no_grad():
         for layer, values in zip((net[0], net[2]), log_alphas, strict=True):
             layer.gate.log_alpha.copy_(values)
-    prior = HardConcrete(torch.tensor(-0.7, dtype=torch.float64), 0.5, *prior_stretch)
+    prior = HardConcrete(torch.tensor(-0.7, dtype=torch.float64, device=device), 0.5, *prior_stretch)
     gs = GateSet(net)
     for _ in range(2):  # the second call uses the cached prior scalars
         kl = gs.kl(gs.log_alphas(), lambda *_: prior)
@@ -160,3 +161,34 @@ def test_gate_set_kl_matches_the_reference(prior_stretch):
         ref.kl((a, 2.0 / 3.0, -0.1, 1.1), (-0.7, 0.5, *prior_stretch))[0] for a in torch.cat(log_alphas).tolist()
     )
     assert abs(float(kl) - expected) <= 1e-9 * max(1.0, abs(expected))
+
+
+def _noise_from_the_cpu(monkeypatch):
+    """Gate noise drawn by the CPU generator on every device: the same draws on CPU and CUDA."""
+    from l0bayes.distributions import stretched_concrete
+
+    draw = stretched_concrete.standard_logistic
+    monkeypatch.setattr(
+        stretched_concrete, "standard_logistic", lambda shape, dtype, device: draw(shape, dtype, "cpu").to(device)
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_losses_on_cuda_equal_the_cpu(dtype, cuda_device, monkeypatch):
+    """bayes_loss and penalized_loss (Eq. 21, 22) and their gradients: CUDA against the CPU, same gate draws."""
+    _noise_from_the_cpu(monkeypatch)
+    results = []
+    for device in ("cpu", cuda_device):
+        model = _classifier(dtype=dtype, device=device, weight_decay=0.01)
+        x, y = _data(dtype, n=64, device=device)
+        row = []
+        for loss in (model.bayes_loss, model.penalized_loss):
+            torch.manual_seed(9)
+            terms = loss(x, y, 1000)
+            grads = torch.autograd.grad(sum(terms), list(model.parameters()))
+            row += [t.detach().cpu() for t in (*terms, *grads)]
+        results.append(row)
+    tol = {"rtol": 1e-10, "atol": 1e-10} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-4}
+    for on_cpu, on_cuda in zip(*results, strict=True):
+        torch.testing.assert_close(on_cuda, on_cpu, **tol)

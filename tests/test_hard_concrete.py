@@ -25,14 +25,14 @@ GRID = [(a, b, l, u) for a, b, (l, u) in itertools.product(LOG_ALPHAS, TEMPERATU
 INTERIOR = [1e-9, 1e-3, 0.05, 0.3, 0.5, 0.77, 0.999, 1.0 - 1e-9]
 
 
-def batched(grid, dtype=torch.float64, validate_args=None):
+def batched(grid, dtype=torch.float64, validate_args=None, device="cpu"):
     """One HardConcrete whose batch runs over ``grid`` (a list of ``(a, b, l, u)``)."""
-    cols = [torch.tensor(c, dtype=dtype) for c in zip(*grid)]
+    cols = [torch.tensor(c, dtype=dtype, device=device) for c in zip(*grid)]
     return HardConcrete(*cols, validate_args=validate_args)
 
 
-def single(a, b=2.0 / 3.0, l=-0.1, u=1.1, dtype=torch.float64, **kw):
-    return HardConcrete(torch.tensor(a, dtype=dtype), b, l, u, **kw)
+def single(a, b=2.0 / 3.0, l=-0.1, u=1.1, dtype=torch.float64, device="cpu", **kw):
+    return HardConcrete(torch.tensor(a, dtype=dtype, device=device), b, l, u, **kw)
 
 
 def column(fn, grid):
@@ -41,7 +41,7 @@ def column(fn, grid):
 
 def assert_float32_close(actual, expected, what=""):
     """Within 1e-5 relative or 1e-6 absolute of the float64 reference."""
-    actual = np.asarray(actual.detach().double() if torch.is_tensor(actual) else actual, dtype=np.float64)
+    actual = np.asarray(actual.detach().double().cpu() if torch.is_tensor(actual) else actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
     err = np.abs(actual - expected)
     ok = (err <= 1e-5 * np.abs(expected)) | (err <= 1e-6)
@@ -72,27 +72,27 @@ def test_normalisation(lower, upper):
     np.testing.assert_allclose(interior[big], mass[big], rtol=1e-8)
 
 
-def test_log_prob_interior_matches_eq23():
-    d = batched(GRID)
-    z = torch.tensor(INTERIOR, dtype=torch.float64).unsqueeze(-1)
-    actual = d.log_prob(z).numpy()
+def test_log_prob_interior_matches_eq23(device):
+    d = batched(GRID, device=device)
+    z = torch.tensor(INTERIOR, dtype=torch.float64, device=device).unsqueeze(-1)
+    actual = d.log_prob(z).cpu().numpy()
     expected = np.array([[ref.mp_log_prob(zi, *g) for g in GRID] for zi in INTERIOR])
     assert np.isfinite(expected).all()
     np.testing.assert_allclose(actual, expected, rtol=1e-10, atol=1e-12)
 
 
-def test_log_prob_atoms_match_eq26():
-    d = batched(GRID)
+def test_log_prob_atoms_match_eq26(device):
+    d = batched(GRID, device=device)
     n = len(GRID)
-    log_p0 = d.log_prob(torch.zeros(n, dtype=torch.float64)).numpy()
-    log_p1 = d.log_prob(torch.ones(n, dtype=torch.float64)).numpy()
+    log_p0 = d.log_prob(torch.zeros(n, dtype=torch.float64, device=device)).cpu().numpy()
+    log_p1 = d.log_prob(torch.ones(n, dtype=torch.float64, device=device)).cpu().numpy()
     np.testing.assert_allclose(log_p0, column(lambda *g: ref.atoms(*g)["log_p0"], GRID), rtol=1e-10, atol=1e-300)
     np.testing.assert_allclose(log_p1, column(lambda *g: ref.atoms(*g)["log_p1"], GRID), rtol=1e-10, atol=1e-300)
     # and the properties, in probability space
-    np.testing.assert_allclose(d.prob_zero.numpy(), column(lambda *g: ref.atoms(*g)["p0"], GRID), rtol=1e-12)
-    np.testing.assert_allclose(d.prob_one.numpy(), column(lambda *g: ref.atoms(*g)["p1"], GRID), rtol=1e-12)
+    np.testing.assert_allclose(d.prob_zero.cpu().numpy(), column(lambda *g: ref.atoms(*g)["p0"], GRID), rtol=1e-12)
+    np.testing.assert_allclose(d.prob_one.cpu().numpy(), column(lambda *g: ref.atoms(*g)["p1"], GRID), rtol=1e-12)
     pc = column(lambda *g: float(1 - sum(ref.mp_atoms(*g))), GRID)
-    np.testing.assert_allclose(d.prob_continuous.numpy(), pc, rtol=1e-10)
+    np.testing.assert_allclose(d.prob_continuous.cpu().numpy(), pc, rtol=1e-10)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -263,17 +263,18 @@ def test_reference_quadrature_agrees_with_mpmath():
 
 
 # ============================================================================ float32
-def test_float32_matches_float64_reference():
-    d = batched(GRID, dtype=torch.float32)
+def test_float32_matches_float64_reference(device):
+    d = batched(GRID, dtype=torch.float32, device=device)
     n = len(GRID)
     for x in [0.0, 1.0]:
-        lp = d.log_prob(torch.full((n,), x))
+        lp = d.log_prob(torch.full((n,), x, device=device))
         assert_float32_close(lp, [ref.mp_log_prob(x, *g) for g in GRID], f"log_prob({x})")
     zs = [0.01, 0.5, 0.99]
     for z in zs:
-        lp = d.log_prob(torch.full((n,), z))
+        lp = d.log_prob(torch.full((n,), z, device=device))
         assert_float32_close(lp, [ref.mp_log_prob(z, *g) for g in GRID], f"log_prob({z})")
-        assert_float32_close(d.cdf(torch.full((n,), z)), [ref.mp_cdf(z, *g) for g in GRID], f"cdf({z})")
+        cdf = d.cdf(torch.full((n,), z, device=device))
+        assert_float32_close(cdf, [ref.mp_cdf(z, *g) for g in GRID], f"cdf({z})")
     atoms = [ref.atoms(*g) for g in GRID]
     assert_float32_close(d.prob_zero, [t["p0"] for t in atoms], "prob_zero")
     assert_float32_close(d.prob_one, [t["p1"] for t in atoms], "prob_one")
@@ -287,20 +288,20 @@ def test_float32_matches_float64_reference():
     assert_float32_close(d.mean, moments[:, 0], "mean")
     assert_float32_close(d.variance, moments[:, 2], "variance")
     assert_float32_close(d.entropy(), [ref.entropy(*g)[0] for g in GRID], "entropy")
-    for t in (mean, variance, d.entropy(), d.cdf(torch.full((n,), 0.5)), d.prob_nonzero):
-        assert t.dtype == torch.float32
+    for t in (mean, variance, d.entropy(), d.cdf(torch.full((n,), 0.5, device=device)), d.prob_nonzero):
+        assert t.dtype == torch.float32 and t.device.type == torch.device(device).type
 
 
-def test_float32_relative_accuracy_of_small_quantities():
+def test_float32_relative_accuracy_of_small_quantities(device):
     """Stronger than the 1e-6 absolute floor: the quantities that are ~1e-13 at |log_alpha| = 30
     (atoms, 1 - mean, variance, ...) keep their *relative* accuracy in float32 (no cancellation)."""
-    d = batched(GRID, dtype=torch.float32)
+    d = batched(GRID, dtype=torch.float32, device=device)
     moments = np.array([ref.moments(*g) for g in GRID])
     atoms = [ref.atoms(*g) for g in GRID]
 
     def rel(actual, expected):
         expected = np.asarray(expected)
-        return np.abs(actual.double().numpy() - expected) / np.abs(expected)
+        return np.abs(actual.double().cpu().numpy() - expected) / np.abs(expected)
 
     mean, complement, variance = d.moments()
     for name, actual, expected in [
@@ -316,7 +317,7 @@ def test_float32_relative_accuracy_of_small_quantities():
     ]:
         assert rel(actual, [t[key] for t in atoms]).max() < 2e-5, name
     entropy = np.array([ref.entropy(*g) for g in GRID])
-    assert (np.abs(d.entropy().double().numpy() - entropy[:, 0]) < 1e-5 * entropy[:, 1]).all()
+    assert (np.abs(d.entropy().double().cpu().numpy() - entropy[:, 0]) < 1e-5 * entropy[:, 1]).all()
 
 
 @pytest.mark.parametrize("a", [-30.0, 30.0])
@@ -355,11 +356,12 @@ GOF_CASES = [(0.0, 2.0 / 3.0, -0.1, 1.1), (1.5, 0.5, -0.5, 1.2), (-1.0, 3.0, -0.
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("case", GOF_CASES)
-def test_rsample_goodness_of_fit(case, dtype):
+def test_rsample_goodness_of_fit(case, dtype, device):
     torch.manual_seed(1)
-    d = single(*case, dtype=dtype)
+    d = single(*case, dtype=dtype, device=device)
     z = d.rsample((40000,))
-    assert z.dtype == dtype and z.shape == (40000,)
+    assert z.dtype == dtype and z.shape == (40000,) and z.device.type == torch.device(device).type
+    z = z.cpu()
     assert ((z >= 0) & (z <= 1)).all()
     inside = (z > 0) & (z < 1)
     counts = torch.stack([(z == 0).sum(), inside.sum(), (z == 1).sum()]).double()
@@ -369,7 +371,7 @@ def test_rsample_goodness_of_fit(case, dtype):
     interior = z[inside].double().numpy()
     assert stats.kstest(interior, ref.truncated_cdf(*case)).pvalue > 1e-3
     # sample() draws from the same law
-    s = d.sample((40000,))
+    s = d.sample((40000,)).cpu()
     assert not s.requires_grad
     counts = torch.stack([(s == 0).sum(), ((s > 0) & (s < 1)).sum(), (s == 1).sum()]).double()
     assert multinomial_goodness_of_fit(probs, counts) > 1e-3
@@ -388,12 +390,13 @@ SAMPLE_CONTINUOUS_CASES = [
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("case", SAMPLE_CONTINUOUS_CASES)
-def test_sample_continuous_ks(case, dtype):
+def test_sample_continuous_ks(case, dtype, device):
     """The continuous part, truncated to (0, 1) (Eq. 29 corrected), including far tails."""
     torch.manual_seed(2)
-    d = single(*case, dtype=dtype)
+    d = single(*case, dtype=dtype, device=device)
     z = d.sample_continuous((20000,))
-    assert z.dtype == dtype and z.shape == (20000,)
+    assert z.dtype == dtype and z.shape == (20000,) and z.device.type == torch.device(device).type
+    z = z.cpu()
     assert ((z >= 0) & (z <= 1)).all()
     assert ((z == 0) | (z == 1)).double().mean() < 1e-3
     assert stats.kstest(z.double().numpy(), ref.truncated_cdf(*case)).pvalue > 1e-3
@@ -420,13 +423,13 @@ def test_sample_continuous_is_reparameterised():
     assert abs(expected) > 10 * se  # the test has power
 
 
-def test_rsample_pathwise_gradient_matches_mean_derivative():
+def test_rsample_pathwise_gradient_matches_mean_derivative(device):
     """Average of d z / d(log_alpha, temperature) over rsample vs derivative of the reference mean."""
     torch.manual_seed(5)
     a0, b0, l, u = -0.5, 0.8, -0.5, 1.2
     n = 200000
-    a = torch.full((n,), a0, dtype=torch.float64, requires_grad=True)
-    b = torch.full((n,), b0, dtype=torch.float64, requires_grad=True)
+    a = torch.full((n,), a0, dtype=torch.float64, device=device, requires_grad=True)
+    b = torch.full((n,), b0, dtype=torch.float64, device=device, requires_grad=True)
     z = HardConcrete(a, b, l, u).rsample()
     ga, gb = torch.autograd.grad(z.sum(), (a, b))
     h = 1e-4
@@ -670,10 +673,11 @@ def test_stretched_concrete_density_and_cdf(case):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("case", STRETCHED_CASES)
-def test_stretched_concrete_rsample_ks(case, dtype):
+def test_stretched_concrete_rsample_ks(case, dtype, device):
     torch.manual_seed(6)
-    d = StretchedConcrete(torch.tensor(case[0], dtype=dtype), *case[1:])
+    d = StretchedConcrete(torch.tensor(case[0], dtype=dtype, device=device), *case[1:])
     x = d.rsample((20000,))
-    assert x.dtype == dtype and x.shape == (20000,)
+    assert x.dtype == dtype and x.shape == (20000,) and x.device.type == torch.device(device).type
+    x = x.cpu()
     assert ((x >= case[2]) & (x <= case[3])).all()
     assert stats.kstest(x.double().numpy(), ref.stretched_cdf_np(*case)).pvalue > 1e-3

@@ -44,13 +44,13 @@ DIFFERENT_STRETCH = [(q, p) for q, p in itertools.product(PARAMS, PARAMS) if q[2
 PAIRS = CURATED + _rng.sample(SAME_STRETCH, 45) + _rng.sample(DIFFERENT_STRETCH, 60)
 
 
-def gate(params, dtype=torch.float64):
+def gate(params, dtype=torch.float64, device="cpu"):
     a, b, l, u = params
-    return HardConcrete(torch.tensor(a, dtype=dtype), b, l, u)
+    return HardConcrete(torch.tensor(a, dtype=dtype, device=device), b, l, u)
 
 
-def batched(params_list, dtype=torch.float64):
-    cols = [torch.tensor(c, dtype=dtype) for c in zip(*params_list)]
+def batched(params_list, dtype=torch.float64, device="cpu"):
+    cols = [torch.tensor(c, dtype=dtype, device=device) for c in zip(*params_list)]
     return HardConcrete(*cols)
 
 
@@ -109,11 +109,11 @@ def test_kl_matches_reference_pairwise():
     _check_float64(actual, PAIRS)
 
 
-def test_kl_matches_reference_batched():
+def test_kl_matches_reference_batched(device):
     same = CURATED[-2:] + [pair for pair in PAIRS if pair[0][2:] == pair[1][2:]]
     for pairs in (same, PAIRS):  # one stretch on both sides; mixed stretches
-        q, p = batched([q for q, _ in pairs]), batched([p for _, p in pairs])
-        _check_float64(kl_hard_concrete(q, p).numpy(), pairs)
+        q, p = batched([q for q, _ in pairs], device=device), batched([p for _, p in pairs], device=device)
+        _check_float64(kl_hard_concrete(q, p).cpu().numpy(), pairs)
 
 
 def test_kl_same_stretch_in_batch_with_different_values():
@@ -124,17 +124,19 @@ def test_kl_same_stretch_in_batch_with_different_values():
     _check_float64(kl_hard_concrete(q, p).numpy(), pairs)
 
 
-def test_kl_float32():
-    q = batched([q for q, _ in PAIRS], dtype=torch.float32)
-    p = batched([p for _, p in PAIRS], dtype=torch.float32)
+def test_kl_float32(device):
+    q = batched([q for q, _ in PAIRS], dtype=torch.float32, device=device)
+    p = batched([p for _, p in PAIRS], dtype=torch.float32, device=device)
     actual = kl_hard_concrete(q, p)
-    assert actual.dtype == torch.float32
-    actual = actual.double().numpy()
+    assert actual.dtype == torch.float32 and actual.device.type == torch.device(device).type
+    actual = actual.double().cpu().numpy()
     expected = reference(PAIRS)
     err = np.abs(actual - expected)
     ok = (err <= 1e-5 * np.abs(expected)) | (err <= 1e-6)
     assert ok.all(), list(zip(np.array(PAIRS, dtype=object)[~ok], actual[~ok], expected[~ok]))
-    single = np.array([kl_hard_concrete(gate(q, torch.float32), gate(p, torch.float32)).item() for q, p in PAIRS])
+    single = np.array(
+        [kl_hard_concrete(gate(q, torch.float32, device), gate(p, torch.float32, device)).item() for q, p in PAIRS]
+    )
     err = np.abs(single - expected)
     assert ((err <= 1e-5 * np.abs(expected)) | (err <= 1e-6)).all()
 
@@ -150,9 +152,9 @@ SHARED_CASES = [
 SHARED_LOG_ALPHAS = [-30.0, -7.0, -1.0, 0.0, 0.4, 2.5, 9.0, 30.0]
 
 
-def _shared_pair(bq, bp, ap, stretch, dtype, requires_grad=False):
-    a = torch.tensor(SHARED_LOG_ALPHAS, dtype=dtype, requires_grad=requires_grad)
-    return a, HardConcrete(a, bq, *stretch), HardConcrete(torch.tensor(ap, dtype=dtype), bp, *stretch)
+def _shared_pair(bq, bp, ap, stretch, dtype, requires_grad=False, device="cpu"):
+    a = torch.tensor(SHARED_LOG_ALPHAS, dtype=dtype, device=device, requires_grad=requires_grad)
+    return a, HardConcrete(a, bq, *stretch), HardConcrete(torch.tensor(ap, dtype=dtype, device=device), bp, *stretch)
 
 
 def _reference_shared(bq, bp, ap, stretch):
@@ -160,24 +162,25 @@ def _reference_shared(bq, bp, ap, stretch):
 
 
 @pytest.mark.parametrize("case", SHARED_CASES)
-def test_shared_parameter_kl_matches_reference(case):
+def test_shared_parameter_kl_matches_reference(case, device):
     bq, bp, ap, stretch = case
-    a, q, p = _shared_pair(bq, bp, ap, stretch, torch.float64, requires_grad=True)
+    a, q, p = _shared_pair(bq, bp, ap, stretch, torch.float64, requires_grad=True, device=device)
     value = kl_divergence(q, p)
     assert type(value.grad_fn).__name__ == "_SharedParametersKLBackward"  # the fast path ran
-    _check_float64(value.detach().numpy(), [((x, bq) + stretch, (ap, bp) + stretch) for x in SHARED_LOG_ALPHAS])
-    a32, q32, p32 = _shared_pair(bq, bp, ap, stretch, torch.float32)
+    pairs = [((x, bq) + stretch, (ap, bp) + stretch) for x in SHARED_LOG_ALPHAS]
+    _check_float64(value.detach().cpu().numpy(), pairs)
+    a32, q32, p32 = _shared_pair(bq, bp, ap, stretch, torch.float32, device=device)
     expected = _reference_shared(bq, bp, ap, stretch)
-    actual = kl_divergence(q32, p32).double().numpy()
+    actual = kl_divergence(q32, p32).double().cpu().numpy()
     err = np.abs(actual - expected)
     assert ((err <= 1e-5 * np.abs(expected)) | (err <= 1e-6)).all(), (actual, expected)
 
 
 @pytest.mark.parametrize("case", SHARED_CASES)
-def test_shared_parameter_kl_gradient_matches_reference_derivative(case):
+def test_shared_parameter_kl_gradient_matches_reference_derivative(case, device):
     """The closed-form gradient against central differences of the independent reference."""
     bq, bp, ap, stretch = case
-    a, q, p = _shared_pair(bq, bp, ap, stretch, torch.float64, requires_grad=True)
+    a, q, p = _shared_pair(bq, bp, ap, stretch, torch.float64, requires_grad=True, device=device)
     (grad,) = torch.autograd.grad(kl_divergence(q, p).sum(), a)
     h = 1e-5
     for x, g in zip(SHARED_LOG_ALPHAS, grad.tolist(), strict=True):
@@ -200,17 +203,19 @@ def test_shared_parameter_kl_gradcheck_and_generic_path():
     torch.testing.assert_close(g_fast, g_generic, rtol=1e-9, atol=1e-12)
 
 
-def test_shared_parameter_kl_chunks_and_shapes():
+def test_shared_parameter_kl_chunks_and_shapes(device):
     """Batches larger than one chunk, and a prior with a larger batch shape than q."""
     from l0bayes.distributions import quadrature
 
-    a = torch.linspace(-8.0, 8.0, quadrature.CHUNK_SIZE + 37, dtype=torch.float64).reshape(-1, 1)
-    prior = HardConcrete(torch.tensor(0.5, dtype=torch.float64))
+    a = torch.linspace(-8.0, 8.0, quadrature.CHUNK_SIZE + 37, dtype=torch.float64, device=device).reshape(-1, 1)
+    prior = HardConcrete(torch.tensor(0.5, dtype=torch.float64, device=device))
     fast = kl_divergence(HardConcrete(a, 2.0 / 3.0), prior)
     assert fast.shape == a.shape
     generic = kl_hard_concrete(HardConcrete(a, 2.0 / 3.0), HardConcrete(torch.full_like(a, 0.5), 2.0 / 3.0))
     torch.testing.assert_close(fast, generic, rtol=1e-12, atol=1e-14)
-    wide = kl_divergence(HardConcrete(torch.tensor([0.0, 1.0], dtype=torch.float64)), prior.expand((3, 2)))
+    wide = kl_divergence(
+        HardConcrete(torch.tensor([0.0, 1.0], dtype=torch.float64, device=device)), prior.expand((3, 2))
+    )
     assert wide.shape == (3, 2)
     torch.testing.assert_close(wide[0], wide[2])
 
@@ -226,15 +231,15 @@ MC_PAIRS = [
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("pair", MC_PAIRS)
-def test_monte_carlo_agrees_with_quadrature(pair, dtype):
+def test_monte_carlo_agrees_with_quadrature(pair, dtype, device):
     torch.manual_seed(7)
     replicates, num_samples = 400, 500
-    q = gate(pair[0], dtype).expand((replicates,))
-    p = gate(pair[1], dtype).expand((replicates,))
+    q = gate(pair[0], dtype, device).expand((replicates,))
+    p = gate(pair[1], dtype, device).expand((replicates,))
     estimates = kl_hard_concrete(q, p, method="monte_carlo", num_samples=num_samples).double()
     assert estimates.shape == (replicates,)
     exact = ref.kl(*pair)[0]
-    quadrature = kl_hard_concrete(gate(pair[0], dtype), gate(pair[1], dtype)).item()
+    quadrature = kl_hard_concrete(gate(pair[0], dtype, device), gate(pair[1], dtype, device)).item()
     assert abs(quadrature - exact) <= 1e-5 * abs(exact) + 1e-6
     se = estimates.std().item() / math.sqrt(replicates)
     assert se > 0
@@ -251,24 +256,24 @@ def test_kl_divergence_is_registered():
         assert kl_divergence(gate(q), gate(p)).item() == kl_hard_concrete(gate(q), gate(p)).item()
 
 
-def test_kl_divergence_broadcasts_batch_shapes():
+def test_kl_divergence_broadcasts_batch_shapes(device):
     qs = [(a, 2.0 / 3.0, -0.1, 1.1) for a in (-4.0, -1.0, 0.0, 1.5, 6.0)]
     p_params = (0.5, 0.5, -0.2, 1.3)
-    q = batched(qs)
-    p = gate(p_params)
+    q = batched(qs, device=device)
+    p = gate(p_params, device=device)
     assert q.batch_shape == (5,) and p.batch_shape == ()
     expected = reference([(qq, p_params) for qq in qs])
     value = kl_divergence(q, p)
     assert value.shape == (5,)
-    np.testing.assert_allclose(value.numpy(), expected, rtol=1e-9)
-    np.testing.assert_allclose(kl_hard_concrete(q, p).numpy(), expected, rtol=1e-9)
+    np.testing.assert_allclose(value.cpu().numpy(), expected, rtol=1e-9)
+    np.testing.assert_allclose(kl_hard_concrete(q, p).cpu().numpy(), expected, rtol=1e-9)
     # p batched along another dimension: (3, 1) x (5,) -> (3, 5)
     p_list = [(x, 1.0, -0.2, 1.3) for x in (-2.0, 0.0, 2.0)]
-    p3 = HardConcrete(torch.tensor([[x[0]] for x in p_list], dtype=torch.float64), 1.0, -0.2, 1.3)
+    p3 = HardConcrete(torch.tensor([[x[0]] for x in p_list], dtype=torch.float64, device=device), 1.0, -0.2, 1.3)
     value = kl_divergence(q, p3)
     assert value.shape == (3, 5)
     expected = np.array([[ref.kl(qq, pp)[0] for qq in qs] for pp in p_list])
-    np.testing.assert_allclose(value.numpy(), expected, rtol=1e-9)
+    np.testing.assert_allclose(value.cpu().numpy(), expected, rtol=1e-9)
 
 
 def test_kl_divergence_after_expand():
@@ -316,13 +321,13 @@ def test_gradcheck_kl(stretches):
     assert torch.autograd.gradcheck(kl, inputs)
 
 
-def test_kl_gradient_matches_reference_derivative():
+def test_kl_gradient_matches_reference_derivative(device):
     """d KL / d log_alpha_q and d KL / d temperature_p against central differences of the reference."""
     qp, pp = (1.0, 2.0 / 3.0, -0.1, 1.1), (-2.0, 0.3, -0.3, 1.4)
-    aq = torch.tensor(qp[0], dtype=torch.float64, requires_grad=True)
-    bp = torch.tensor(pp[1], dtype=torch.float64, requires_grad=True)
+    aq = torch.tensor(qp[0], dtype=torch.float64, device=device, requires_grad=True)
+    bp = torch.tensor(pp[1], dtype=torch.float64, device=device, requires_grad=True)
     value = kl_hard_concrete(
-        HardConcrete(aq, *qp[1:]), HardConcrete(torch.tensor(pp[0], dtype=torch.float64), bp, *pp[2:])
+        HardConcrete(aq, *qp[1:]), HardConcrete(torch.tensor(pp[0], dtype=torch.float64, device=device), bp, *pp[2:])
     )
     g_aq, g_bp = torch.autograd.grad(value, (aq, bp))
     h = 1e-5

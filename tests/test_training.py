@@ -17,11 +17,12 @@ def _sparse_regression(n=500, p=50, seed=0):
     return x, y
 
 
-def test_svi_recovers_true_support():
+def test_svi_recovers_true_support(device):
     x, y = _sparse_regression()
     model = SparseLinearRegression(50, prior_inclusion=0.1)
-    result = train(model, x, y, objective="bayes", epochs=100, batch_size=100, lr=0.05, progress=False)
-    pi = model.inclusion_probabilities()
+    result = train(model, x, y, objective="bayes", epochs=100, batch_size=100, lr=0.05, device=device, progress=False)
+    assert next(model.parameters()).device.type == device.type
+    pi = model.inclusion_probabilities().cpu()
     assert (pi[:5] > 0.9).all(), pi[:5]
     assert (pi[5:] < 0.1).all(), pi[5:].max()
     last = result.history[-1]
@@ -31,20 +32,20 @@ def test_svi_recovers_true_support():
     assert last["active_gates"] == [5]
 
 
-def test_resume_gives_bit_identical_next_steps(tmp_path):
+def test_resume_gives_bit_identical_next_steps(tmp_path, device):
+    # On CUDA too: the checkpoint holds the CUDA generator's state, and the next steps draw the same gates.
     x, y = _sparse_regression(n=200, p=10)
     ckpt = tmp_path / "ckpt.pt"
+    run = {"batch_size": 50, "lr": 0.05, "seed": 3, "device": device, "progress": False}
     torch.manual_seed(0)  # same initial parameters for both runs
     straight = SparseLinearRegression(10)
-    train(straight, x, y, epochs=4, batch_size=50, lr=0.05, seed=3, progress=False)
+    train(straight, x, y, epochs=4, **run)
     torch.manual_seed(0)
     first = SparseLinearRegression(10)
-    train(first, x, y, epochs=2, batch_size=50, lr=0.05, seed=3, checkpoint=str(ckpt), progress=False)
-    torch.manual_seed(1234)  # disturb the global RNG: resume must restore it
+    train(first, x, y, epochs=2, checkpoint=str(ckpt), **run)
+    torch.manual_seed(1234)  # disturb the global RNGs (the CUDA one too): resume must restore them
     resumed = SparseLinearRegression(10)
-    result = train(
-        resumed, x, y, epochs=4, batch_size=50, lr=0.05, seed=3, checkpoint=str(ckpt), resume=True, progress=False
-    )
+    result = train(resumed, x, y, epochs=4, checkpoint=str(ckpt), resume=True, **run)
     assert [h["epoch"] for h in result.history] == [1, 2, 3, 4]
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b)
@@ -61,13 +62,14 @@ def test_seeded_runs_are_reproducible():
     assert [h["free_energy"] for h in ha] == [h["free_energy"] for h in hb]
 
 
-def test_constrained_training_meets_target_density():
+def test_constrained_training_meets_target_density(device):
     x, y = _sparse_regression()
     target = 0.06  # three of fifty gates, fewer than the five true features: the constraint binds
     model = SparseLinearRegression(50)
     result = train(
-        model, x, y, objective="constrained", target_density=target, epochs=60, batch_size=100, lr=0.05, progress=False
-    )
+        model, x, y, objective="constrained", target_density=target, epochs=60, batch_size=100, lr=0.05,
+        device=device, progress=False,
+    )  # fmt: skip
     density = result.history[-1]["constraint"][0]
     assert abs(density - target) <= 0.01
     assert max(h["multipliers"][0] for h in result.history) > 0
@@ -101,8 +103,8 @@ def _digits(n=400):
     return x, y
 
 
-@pytest.mark.parametrize("objective", ["penalized", "bayes"])
-def test_l0_mlp_classifier_trains(objective):
+@pytest.mark.parametrize("objective", ["penalized", "bayes", "constrained"])
+def test_l0_mlp_classifier_trains(objective, device):
     pytest.importorskip("sklearn")
     x, y = _digits()
     net = L0MLP(in_features=64, hidden=(32, 16), num_classes=10)
@@ -112,28 +114,23 @@ def test_l0_mlp_classifier_trains(objective):
         x,
         y,
         objective=objective,
+        target_density=0.8 if objective == "constrained" else None,
         epochs=12,
         batch_size=50,
         lr=2e-2,
+        device=device,
         test_data=(x, y),
         input_shape=(64,),
         progress=False,
     )
+    assert next(model.parameters()).device.type == device.type
     assert result.history[-1]["test_error"] < 0.35
+    if objective == "constrained":  # the final phase fixes the gates within the target
+        assert result.history[-1]["test_time_density"] <= 0.8 + 1e-9
     assert result.history[-1]["expected_flops"] > 0
     assert len(architecture(net).split("-")) == 3
     with pytest.raises(ValueError, match="labels"):
         train(model, x, y + 10, epochs=1, progress=False)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_training_on_gpu():
-    x, y = _sparse_regression()
-    model = SparseLinearRegression(50, prior_inclusion=0.1)
-    train(model, x, y, objective="bayes", epochs=100, batch_size=100, lr=0.05, device="cuda", progress=False)
-    pi = model.inclusion_probabilities().cpu()
-    assert (pi[:5] > 0.9).all() and (pi[5:] < 0.1).all()
 
 
 def test_per_layer_lambdas_and_pyro_gate_sites():

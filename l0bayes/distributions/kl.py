@@ -132,7 +132,7 @@ def _num_nodes_cross_stretch(q, p):
         v0, v1 = torch.log(-lq) - torch.log(uq), torch.log1p(-lq) - torch.log(uq - 1.0)
         centre, half = 0.5 * (v0 + v1), 0.5 * (v1 - v0)
         # Jacobian dy_p/dv_q on a grid of z in [0, 1].
-        z = torch.linspace(0.0, 1.0, 65, dtype=torch.float64).unsqueeze(-1)
+        z = torch.linspace(0.0, 1.0, 65, dtype=torch.float64, device=lq.device).unsqueeze(-1)
         jac = (up - lp) / (uq - lq) * (z - lq) / (z - lp) * (uq - z) / (up - z)
         effective_temperature = float((p.temperature.double().reshape(-1) * jac.max(0).values).max())
         effective_temperature = max(effective_temperature, float(q.temperature.detach().max()))

@@ -349,6 +349,11 @@ class DataParallelContext:
     def load(self, path, map_location):
         """Load a checkpoint: read by rank 0 and broadcast, so other machines need no copy of the file.
 
+        Every tensor is loaded on the CPU, whatever ``map_location`` names (kept for callers): the RNG
+        states (torch's, CUDA's, the shuffling generator's) must be CPU tensors, and the ``load_state_dict``
+        of module, optimiser, average and objective put the others on their own device. Mapping them all to
+        ``cuda`` made a single-process resume on a GPU fail.
+
         :raises FileNotFoundError: on every rank when the file does not exist.
         :raises ~l0bayes.inference.checkpoint.CheckpointError: (a ``ValueError`` naming the file) when it is
             empty, corrupt, holds more than tensors and plain containers, or lacks a training-state entry.
@@ -356,7 +361,7 @@ class DataParallelContext:
         if path is None:
             raise ValueError("resume=True needs the checkpoint's path (checkpoint=None was given)")
         if not self.enabled:
-            return load_checkpoint(path, map_location=map_location, required=CHECKPOINT_KEYS)
+            return load_checkpoint(path, map_location="cpu", required=CHECKPOINT_KEYS)
         payload = [None]
         if self.is_main:
             try:
