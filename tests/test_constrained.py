@@ -260,7 +260,9 @@ def test_cli_summary_names_target_test_time_density_and_multipliers(tmp_path, ca
     assert summary["target_density"] == {"fc1": 0.3, "fc2": 0.3, "fc3": 0.3}
     assert set(summary["test_time_density_per_layer"]) == {"fc1", "fc2", "fc3"}
     assert all(abs(v - 0.3) <= 0.02 for v in summary["test_time_density_per_layer"].values())
-    assert len(summary["multipliers"]) == 3 and summary["warnings"] == []
+    assert len(summary["multipliers"]) == 3
+    # Two epochs leave the Lagrangian far above the target when the final phase fixes the gates: said once.
+    assert len(summary["warnings"]) == 1 and "final phase started at expected density" in summary["warnings"][0]
     table = capsys.readouterr().out
     assert "target density 0.3 per layer" in table and "test-time density (Eq. 13)" in table
 
@@ -275,3 +277,31 @@ def test_an_infinite_log_alpha_is_not_returned_silently():
         model.gate.log_alpha[0] = float("inf")
     with pytest.raises(NonFiniteLossError, match="log_alpha"):
         train(model, x, y, objective="constrained", target_density=0.4, epochs=1, final_phase=0, progress=False)
+
+
+def test_a_final_phase_far_above_the_target_is_warned_and_recorded():
+    # Two epochs at a tiny step: the Lagrangian cannot move the expected density (about 0.9 at the initial
+    # drop rate) to the target 0.3, so the final phase starts far above it; train() warns, the history
+    # records where it started, and the summary carries a one-line warning.
+    torch.manual_seed(0)
+    x, y = torch.randn(60, 4), torch.randint(0, 2, (60,))
+    model = SparseClassifier(_net())
+    with pytest.warns(UserWarning, match="final phase"):
+        result = train(
+            model, x, y, objective="constrained", target_density=0.3, epochs=2, lr=1e-4, final_phase=0.5,
+            progress=False,
+        )  # fmt: skip
+    started = result.history[-1]["density_at_final_phase"]
+    assert result.history[0]["density_at_final_phase"] is None  # not yet fixed after epoch 1
+    assert started > 0.3 + 0.1
+    summary = constrained_summary(model.net, 0.3, density_at_final_phase=started)
+    assert any("final phase started" in w for w in summary["warnings"])
+    near = constrained_summary(model.net, 0.3, density_at_final_phase=0.35)
+    assert not any("final phase" in w for w in near["warnings"])
+
+
+def test_final_phase_warning_per_layer():
+    net = _net()
+    summary = constrained_summary(net, [0.5, 0.5, 0.5], per_layer=True, density_at_final_phase=[0.55, 0.9, 0.5])
+    line = "final phase started at expected density 0.900 against the target 0.500"
+    assert sum(line in w for w in summary["warnings"]) == 1

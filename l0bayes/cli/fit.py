@@ -156,12 +156,14 @@ def _finish(cfg, run, data, result, wall):
     from .report import format_table, goal_text, objective_details, summary_record, write_history
 
     history = result.history
+    device = next(result.model.parameters()).device  # where it trained (evaluate() moves it to the CPU)
     summary = evaluate(cfg, result.model, data)
     module, metadata = summary.pop("pruned")
     summary["history"] = history
     summary["last"] = history[-1] if history else None
-    extra_rows, extra_summary, warnings = objective_details(cfg, result.model, result.multipliers)
-    device = next(result.model.parameters()).device
+    extra_rows, extra_summary, warnings = objective_details(
+        cfg, result.model, result.multipliers, history[-1] if history else None
+    )
     dev = f"{device}" + (
         f" (threads={torch.get_num_threads()})" if device.type == "cpu" else f" ({torch.cuda.get_device_name(device)})"
     )

@@ -51,12 +51,13 @@ def goal_text(cfg):
     return f"lambda {lam_text(cfg)}"
 
 
-def objective_details(cfg, model, multipliers=None):
+def objective_details(cfg, model, multipliers=None, last_record=None):
     """Extra rows and warnings of the objective, as ``(rows, summary entries, warnings)``.
 
     The single place for the constrained objective's summary: target and test-time density, per layer, and
     the multipliers (:func:`~l0bayes.inference.constrained_summary`), with its one-line warnings (a target
-    missed by more than 0.02, a layer left empty). :func:`format_table` prints the rows and ``summary.json``
+    missed by more than 0.02, a layer left empty, a final phase that started far above the target, read
+    from ``last_record``, the history's last entry). :func:`format_table` prints the rows and ``summary.json``
     records the entries.
     """
     if cfg["objective"] != "constrained":
@@ -64,7 +65,10 @@ def objective_details(cfg, model, multipliers=None):
     from ..inference.objectives import constrained_rows, constrained_summary
 
     net = getattr(model, "net", model)
-    summary = constrained_summary(net, cfg["target_density"], bool(cfg["per_layer"]), multipliers)
+    started = (last_record or {}).get("density_at_final_phase")
+    summary = constrained_summary(
+        net, cfg["target_density"], bool(cfg["per_layer"]), multipliers, density_at_final_phase=started
+    )
     return constrained_rows(summary), summary, summary["warnings"]
 
 

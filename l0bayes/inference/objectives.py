@@ -21,6 +21,7 @@ The objectives (``docs/mathematics.md``, "The variational free energy" and "Cons
 """
 
 import math
+import warnings
 
 import torch
 from pyro.infer import TraceMeanField_ELBO
@@ -48,6 +49,8 @@ MULTIPLIER_LR_PER_LR = 3.0  # train(): multiplier_lr = 3 * lr unless given
 MULTIPLIER_LR = 0.03  # 3 * 1e-2, the digits learning rate
 DUAL_RESTARTS = True
 FINAL_PHASE = 0.1
+#: The final phase warns when the expected density it starts from exceeds the target by more than this.
+FINAL_PHASE_GAP = 0.1
 
 
 class Objective:
@@ -189,6 +192,7 @@ class ConstrainedObjective(Objective):
         self.final_phase = float(final_phase)
         self.mu = torch.zeros(count, device=device)
         self.fixed = None  # the kept-gate masks during the final phase
+        self.density_at_fix = None  # the expected density(ies) when the gates were fixed
 
     # ------------------------------------------------------------------ phase 1
     def step(self, x, y):
@@ -214,9 +218,25 @@ class ConstrainedObjective(Objective):
     def start_epoch(self, epoch, epochs):
         final_epochs = math.ceil(self.final_phase * epochs) if self.final_phase > 0 else 0
         if self.fixed is None and final_epochs and epoch >= epochs - final_epochs:
+            with torch.no_grad():
+                self.density_at_fix = expected_density(self.model, self.per_layer).tolist()
+            self._warn_if_far(epoch, epochs)
             self.fixed = self.keep_masks()
             with torch.no_grad():
                 self._project()
+
+    def _warn_if_far(self, epoch, epochs):
+        """Warn when the Lagrangian phase ended far above the target: the final phase then prunes a lot at once."""
+        gaps = [(d, t) for d, t in zip(self.density_at_fix, self.target_values, strict=True) if d - t > FINAL_PHASE_GAP]
+        if gaps:
+            d, t = max(gaps, key=lambda g: g[0] - g[1])
+            warnings.warn(
+                f"constrained: the gates are fixed for the final phase (epoch {epoch + 1} of {epochs}) at expected "
+                f"density {d:.3f} against the target {t:.3f}; the final phase removes the difference at once, "
+                "which can cost much accuracy: train more epochs or raise multiplier_lr",
+                UserWarning,
+                stacklevel=3,
+            )
 
     @torch.no_grad()
     def keep_masks(self):
@@ -250,6 +270,9 @@ class ConstrainedObjective(Objective):
             "test_time_density": test_time_density(self.model),
             "test_time_density_per_layer": test_time_density(self.model, per_layer=True),
             "gates_fixed": self.fixed is not None,
+            "density_at_final_phase": None
+            if self.density_at_fix is None
+            else _scalar_or_list(self.density_at_fix, self.per_layer),
         }
 
     def state_dict(self):
@@ -259,6 +282,7 @@ class ConstrainedObjective(Objective):
             "fixed": None if self.fixed is None else [m.cpu().clone() for m in self.fixed],
             "targets": self.targets.cpu().clone(),
             "per_layer": self.per_layer,
+            "density_at_fix": self.density_at_fix,
         }
 
     def load_state_dict(self, state):
@@ -271,6 +295,7 @@ class ConstrainedObjective(Objective):
             )
         self.mu = state["mu"].to(self.mu.device)
         self.fixed = None if state["fixed"] is None else [m.to(self.mu.device) for m in state["fixed"]]
+        self.density_at_fix = state.get("density_at_fix")  # (absent from checkpoints of earlier versions)
 
 
 def _top_groups(gates, target):
@@ -323,16 +348,21 @@ def make_objective(objective, model, num_data, **constrained):
     return ConstrainedObjective(model, num_data, **constrained)
 
 
-def constrained_summary(model, target_density, per_layer=False, multipliers=None, tolerance=0.02):
+def constrained_summary(
+    model, target_density, per_layer=False, multipliers=None, tolerance=0.02, density_at_final_phase=None
+):
     """What a constrained run achieved at test time, and one-line warnings when it missed.
 
     :param model: the trained network (or model) holding the gates.
     :param multipliers: the run's final multipliers (``TrainResult.multipliers``), copied into the summary.
+    :param density_at_final_phase: the history's ``density_at_final_phase`` (the expected density when the
+        gates were fixed); a warning says when it exceeded its target by more than ``FINAL_PHASE_GAP``.
     :returns: ``{"target_density", "test_time_density", "test_time_density_per_layer", "warnings"}``
         (and ``"multipliers"`` when given): the target (a float, or ``{layer: target}`` with
         ``per_layer``), the test-time density of the network and of each gated layer
         (:func:`~l0bayes.nn.density.test_time_density`), and a list of one-line warnings: a constraint
-        more than ``tolerance`` off its target, a layer with no gate open.
+        more than ``tolerance`` off its target, a layer with no gate open, a final phase that started far
+        above the target.
     """
     names = density_names(model)
     overall = test_time_density(model)
@@ -351,6 +381,16 @@ def constrained_summary(model, target_density, per_layer=False, multipliers=None
                 f"{what}: test-time density {achieved:.3f} is more than {tolerance:g} off its target {target:.3f}"
             )
     warnings += [f"layer {n} ended empty: no gate is open at test time" for n, d in layers.items() if d == 0]
+    if density_at_final_phase is not None:
+        started = torch.as_tensor(density_at_final_phase, dtype=torch.float64).reshape(-1).tolist()
+        wanted = [t for _, _, t in checks]
+        far = [(d, t) for d, t in zip(started, wanted, strict=True) if d - t > FINAL_PHASE_GAP]
+        if far:
+            d, t = max(far, key=lambda g: g[0] - g[1])
+            warnings.append(
+                f"the final phase started at expected density {d:.3f} against the target {t:.3f}: "
+                "more epochs or a larger multiplier_lr would let the Lagrangian get there first"
+            )
     out = {
         "target_density": target_out,
         "test_time_density": overall,

@@ -51,10 +51,10 @@ class _Group:
 
     def open_counts(self, z):
         """The number of nonzero draws of each member, counted in one pass (for conditional computation)."""
-        if len(self.gates) == 1:
-            return [int(torch.count_nonzero(z))]
         if z.device.type != "cpu":
             return [None] * len(self.gates)  # counting would synchronise the device; the layers do not need it
+        if len(self.gates) == 1:
+            return [int(torch.count_nonzero(z))]
         key = ("members", z.device)
         if key not in self._cache:
             ids = torch.repeat_interleave(torch.arange(len(self.sizes)), torch.tensor(self.sizes))
