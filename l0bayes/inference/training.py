@@ -235,7 +235,8 @@ def train(
         epochs record only the mean training loss, wall time and the objective's own entries. Each
         record says which it is (``full_record``).
     :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
-        L0, expected FLOPs, test error, multipliers and densities, wall time).
+        L0, expected FLOPs, test error, multipliers and densities, wall time, and ``lr``: the step size of
+        each of the optimiser's parameter groups during that epoch).
     :raises NonFiniteLossError: when the objective or a parameter becomes NaN or infinite.
     """
     arguments = dict(locals())
@@ -272,7 +273,12 @@ def train(
     history, start_epoch = [], 0
     average = ParameterAverage(model, ema_decay) if ema_decay is not None else None
     if resume:
-        state = _resume(ddp, checkpoint, device, model, (optimizer, schedule), estimator, shuffle, average, seed)
+        state = ddp.load(checkpoint, map_location=device)
+        try:
+            _resume(state, checkpoint, ddp, model, (optimizer, schedule), estimator, shuffle, average, seed)
+        except ValueError:  # e.g. an optimiser with other parameter groups: say what changed, if anything did
+            _check_signature(state, signature, checkpoint)
+            raise
         _check_signature(state, signature, checkpoint)
         history, start_epoch = state["history"], state["epoch"]
     projection = _log_alpha_projection(model, log_alpha_range)
@@ -308,6 +314,7 @@ def train(
             if bar is not None:
                 bar.update(1)
         _check_parameters(model, epoch)
+        step_sizes = [float(g["lr"]) for g in optimizer.param_groups]  # those of this epoch
         step_scheduler(schedule, total_loss / steps)
         if not ddp.is_main:  # rank 0 records, reports and writes; the others only train
             if checkpoint is not None:
@@ -315,6 +322,7 @@ def train(
             continue
         full = (epoch + 1) % int(record_every) == 0 or epoch + 1 == epochs
         record = {"epoch": epoch + 1, "mean_loss": total_loss / steps, "wall_s": time.perf_counter() - start}
+        record["lr"] = step_sizes
         with average.swapped() if average is not None else contextlib.nullcontext():
             if average is not None:
                 estimator.finalize_parameters()  # the average of fixed gates is fixed too
@@ -376,11 +384,9 @@ def _check_parameters(model, epoch):
         raise NonFiniteLossError(f"parameters {names} became NaN or infinite in epoch {epoch + 1}")
 
 
-def _resume(ddp, checkpoint, device, model, optimization, estimator, shuffle, average, seed):
-    """Load ``checkpoint`` into the run's objects (``optimization``: optimiser and schedule); returns its state."""
-    state = ddp.load(checkpoint, map_location=device)
+def _resume(state, checkpoint, ddp, model, optimization, estimator, shuffle, average, seed):
+    """Load the checkpoint's ``state`` into the run's objects (``optimization``: optimiser and schedule)."""
     optimizer, schedule = optimization
-    _check_signature(state, {"optimizer": describe_optimizer(optimizer)}, checkpoint, before_load=True)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     if schedule is not None and "scheduler" in state:
@@ -388,14 +394,13 @@ def _resume(ddp, checkpoint, device, model, optimization, estimator, shuffle, av
     if "objective_state" in state:
         estimator.load_state_dict(state["objective_state"])
     elif estimator.name == "constrained":  # a checkpoint written before objects held their state
-        estimator.mu = state["multipliers"].to(device)
+        estimator.mu = state["multipliers"].to(next(model.parameters()).device)
     shuffle.set_state(state["shuffle"])
     ddp.restore_rng(state, seed, _set_rng_state)
     if average is not None:
         if "ema" not in state:
             raise ValueError(f"checkpoint {checkpoint!r} holds no parameter average: it was not trained with ema_decay")
         average.load_state_dict(state["ema"])
-    return state
 
 
 def _run_signature(objective, lr, batch_size, x, y):
@@ -422,13 +427,12 @@ def _build_optimizer(model, lr, optimizer, scheduler):
     return built, schedule, settings
 
 
-def _check_signature(state, signature, checkpoint, before_load=False):
+def _check_signature(state, signature, checkpoint):
     saved = state.get("run")
     if saved is None:  # written before checkpoints stored it
         return
-    # Entries a checkpoint of an earlier version lacks (the optimiser, the schedule) are not compared;
-    # before the state is loaded only the optimiser is (its state would not load into another one).
-    keys = [k for k in signature if k in saved and (not before_load or k == "optimizer")]
+    # Entries a checkpoint of an earlier version lacks (the optimiser, the schedule) are not compared.
+    keys = [k for k in signature if k in saved]
     changed = [c for k in keys for c in _differences(k, saved[k], signature[k])]
     if changed:
         raise ValueError(f"cannot resume from {checkpoint!r}: the run changed: {'; '.join(changed)}")
@@ -442,8 +446,9 @@ def _differences(name, old, new):
         return [c for k in sorted(set(old) | set(new)) for c in _differences(f"{name}.{k}", old.get(k), new.get(k))]
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         return [c for k, (a, b) in enumerate(zip(old, new, strict=True)) for c in _differences(f"{name}[{k}]", a, b)]
-    if isinstance(old, dict) and isinstance(new, dict) and "type" in old:
-        return [f"{name} {old['type']} -> {new.get('type')}"]
+    if isinstance(old, dict) and "type" in old or isinstance(new, dict) and "type" in new:  # another class
+        kinds = [v.get("type") if isinstance(v, dict) else v for v in (old, new)]
+        return [f"{name} {kinds[0]} -> {kinds[1]}"]
     return [] if old == new else [f"{name} {old!r} -> {new!r}"]
 
 
