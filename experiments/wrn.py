@@ -138,10 +138,12 @@ def train_dense(args, x, y, x_test, y_test):
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(net(x[idx]), y[idx]).backward()
             optimizer.step()
+        lr = optimizer.param_groups[0]["lr"]  # that of this epoch
         if schedule is not None:
             schedule.step()
         wall = time.perf_counter() - start
-        history.append({"epoch": epoch + 1, "test_error": error_rate(net, x_test, y_test), "wall_s": wall})
+        record = {"epoch": epoch + 1, "test_error": error_rate(net, x_test, y_test), "wall_s": wall, "lr": lr}
+        history.append(record)
         print(f"dense epoch {epoch + 1}: test error {history[-1]['test_error']:.4f} ({wall:.0f} s)", flush=True)
     return net, history
 
