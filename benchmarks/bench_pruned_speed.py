@@ -13,7 +13,9 @@ one process, one thread, ``eval()`` mode, no gradients. ``--state`` times a trai
 both go through ``torch.export`` (save, load) and are timed: ``eager`` as they are (NCHW, batch norms
 separate); ``channels_last`` NHWC weights and input; ``fold`` batch norms folded into the
 convolutions before them (:func:`~l0bayes.nn.export.fold_batch_norm`) and NHWC
-(:func:`~l0bayes.nn.export.for_inference`).
+(:func:`~l0bayes.nn.export.for_inference`); ``compile`` as ``fold``, then the loaded program is
+compiled with ``torch.compile`` (Inductor: C++ kernels that fuse the residual addition, batch norm and
+ReLU into one pass; needs a C++ compiler; the compilation happens in the untimed warm-up call).
 
 Reported: FLOP ratio (dense / pruned), measured speedup (median over repeats of dense time / pruned
 time), and speedup / FLOP ratio (the issue asks for at least 0.8)::
@@ -41,6 +43,7 @@ DEPLOY = {
     "eager": lambda m: m.eval(),
     "channels_last": lambda m: for_inference(m, channels_last=True, fold=False),
     "fold": lambda m: for_inference(m, channels_last=True, fold=True),
+    "compile": lambda m: for_inference(m, channels_last=True, fold=True),
 }
 
 
@@ -91,6 +94,8 @@ def measure(label, gated, dense, args, in_channels, deploy):
     # the same preparation and the same torch.export round trip for both (the batch size is specialised)
     loaded = exported(DEPLOY[deploy](pruned), x)
     loaded_dense = exported(DEPLOY[deploy](dense), x)
+    if deploy == "compile":
+        loaded, loaded_dense = torch.compile(loaded), torch.compile(loaded_dense)
     with torch.no_grad():
         err = float((loaded(x) - gated(x)).abs().max())
     t_dense, t_pruned = time_pair(loaded_dense, loaded, x, args.repeats)
