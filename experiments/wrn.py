@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from l0bayes.data import load_dataset
 from l0bayes.inference import parameter_groups, train
 from l0bayes.models import SparseClassifier
-from l0bayes.nn import WideResNet, architecture, flops, l0_wide_resnet, prune
+from l0bayes.nn import WideResNet, architecture, expected_density, flops, l0_wide_resnet, prune, test_time_density
 
 RUNS = ("dense", "penalized", "constrained")
 
@@ -202,6 +202,7 @@ def run_one(args, run, out, data):
         torch.save(net.state_dict(), out / "model.pt")
         pruned = prune(net)
         summary = {
+            **densities(net),
             "architecture": architecture(net),
             "flops": flops(net, (1, 32, 32)),
             "flops_pruned": flops(pruned, (1, 32, 32)),
@@ -216,15 +217,35 @@ def run_one(args, run, out, data):
     return history, summary
 
 
+def densities(net):
+    """Expected (Eq. 12) and test-time (Eq. 13) fraction of the gated parameters that are kept."""
+    with torch.no_grad():
+        return {"expected_density": float(expected_density(net)), "test_time_density": test_time_density(net)}
+
+
+def load_run(run_dir):
+    """``(history, summary)`` of a finished run; the densities are recomputed from ``model.pt`` if missing."""
+    history = json.loads((run_dir / "history.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if "architecture" in summary and "expected_density" not in summary:
+        run_args = json.loads((run_dir / "args.json").read_text())
+        net = l0_wide_resnet(run_args["depth"], run_args["width"], num_classes=10, in_channels=1)
+        net.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))
+        summary.update(densities(net))
+    return history, summary
+
+
 def table(summaries):
     lines = [
-        "| run | test error | architecture (open gates per block) | FLOPs | FLOPs pruned | E[FLOPs] | wall |",
-        "|---|---|---|---|---|---|---|",
+        "| run | test error | architecture (open gates per block) | density E / test | FLOPs | FLOPs pruned | E[FLOPs] "
+        "| wall |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for run, s in summaries.items():
         pruned, expected = s.get("flops_pruned", s["flops"]), s.get("expected_flops", s["flops"])
+        density = f"{s['expected_density']:.3f} / {s['test_time_density']:.3f}" if "expected_density" in s else "-"
         lines.append(
-            f"| {run} | {s['test_error']:.4f} | {s.get('architecture', '-')} | {s['flops'] / 1e6:.1f}M | "
+            f"| {run} | {s['test_error']:.4f} | {s.get('architecture', '-')} | {density} | {s['flops'] / 1e6:.1f}M | "
             f"{pruned / 1e6:.1f}M | {expected / 1e6:.1f}M | {s['wall_s']:.0f} s |"
         )
     return "\n".join(lines)
@@ -251,8 +272,7 @@ def main(argv=None):
     if args.summarize_only:
         for run in RUNS:
             if (out / run / "summary.json").exists():
-                histories[run] = json.loads((out / run / "history.json").read_text())
-                summaries[run] = json.loads((out / run / "summary.json").read_text())
+                histories[run], summaries[run] = load_run(out / run)
     else:
         taken = [run for run in args.runs if (out / run).exists()]
         if taken:

@@ -463,6 +463,14 @@ def test_wrn_experiment_sgd_schedule(tmp_path):
     assert [r["lr"][k] for r in history for k in (0, 1)] == pytest.approx([0.1, 0.05, 0.02, 0.01])
     dense = json.loads((out / "dense" / "history.json").read_text())  # one group: no gates
     assert [r["lr"] for r in dense] == pytest.approx([0.1, 0.02])
+    # densities: recomputed from model.pt by --summarize-only when a summary lacks them
+    path = out / "penalized" / "summary.json"
+    summary = json.loads(path.read_text())
+    assert 0 < summary["expected_density"] <= 1 and summary["test_time_density"] == 1.0  # no gate closed
+    path.write_text(json.dumps({k: v for k, v in summary.items() if "density" not in k}))
+    _, again = script.load_run(out / "penalized")
+    assert again["expected_density"] == pytest.approx(summary["expected_density"], rel=1e-6)
+    assert script.main(["--out", str(out), "--summarize-only"]) == 0
 
 
 # ------------------------------------------------------------------------------------------- deployment
