@@ -152,7 +152,7 @@ def main(argv=None):
         "pruned ms",
         "speedup",
         "speedup / FLOP ratio",
-        "max |diff|",
+        "max abs diff",
     ]
     print(format_table(header, rows, markdown=args.markdown))
     return 0
