@@ -20,7 +20,7 @@ baseline gets the same optimiser and schedule. ``--optimizer adam`` is Adam at `
 The paper's WRN-28-10 run (200 epochs, lambda 0.001) needs a GPU; on a CPU use WRN-16-4, a training
 subset (``--train-size``) and few epochs::
 
-    python experiments/wrn.py --depth 16 --width 4 --train-size 5000 --test-size 1000 --epochs 5 \\
+    python experiments/wrn.py --depth 16 --width 4 --train-size 4000 --test-size 1000 --epochs 5 \\
         --optimizer sgd --lr 0.1 --threads 1 --out runs/wrn
 """
 
