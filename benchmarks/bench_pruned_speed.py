@@ -9,6 +9,14 @@ gate 0) and the rest fully open; the model is pruned (:func:`~l0bayes.nn.prune`)
 one process, one thread, ``eval()`` mode, no gradients. ``--state`` times a trained model instead
 (``model.pt`` of ``experiments/wrn.py``, loaded with ``weights_only=True``).
 
+``--deploy`` chooses how both networks are prepared, the dense one and the pruned one alike, before
+both go through ``torch.export`` (save, load) and are timed: ``eager`` as they are (NCHW, batch norms
+separate); ``channels_last`` NHWC weights and input; ``fold`` batch norms folded into the
+convolutions before them (:func:`~l0bayes.nn.export.fold_batch_norm`) and NHWC
+(:func:`~l0bayes.nn.export.for_inference`); ``compile`` as ``fold``, then the loaded program is
+compiled with ``torch.compile`` (Inductor: C++ kernels that fuse the residual addition, batch norm and
+ReLU into one pass; needs a C++ compiler; the compilation happens in the untimed warm-up call).
+
 Reported: FLOP ratio (dense / pruned), measured speedup (median over repeats of dense time / pruned
 time), and speedup / FLOP ratio (the issue asks for at least 0.8)::
 
@@ -20,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -28,6 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tables import format_table  # noqa: E402
 
 from l0bayes.nn import WideResNet, flops, gates_of, l0_wide_resnet, prune  # noqa: E402
+from l0bayes.nn.export import for_inference  # noqa: E402
+
+DEPLOY = {
+    "eager": lambda m: m.eval(),
+    "channels_last": lambda m: for_inference(m, channels_last=True, fold=False),
+    "fold": lambda m: for_inference(m, channels_last=True, fold=True),
+    "compile": lambda m: for_inference(m, channels_last=True, fold=True),
+}
 
 
 def closed_model(depth, width, fraction, in_channels, seed=0):
@@ -47,6 +64,7 @@ def closed_model(depth, width, fraction, in_channels, seed=0):
 
 
 def exported(pruned, example):
+    warnings.filterwarnings("ignore", message="No complete tensor found")  # torch.export.load, CPU weights
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "pruned.pt2"
         torch.export.save(torch.export.export(pruned, (example,)), str(path))
@@ -66,19 +84,26 @@ def time_pair(dense, pruned, x, repeats):
     return t_dense, t_pruned
 
 
-def measure(label, gated, dense, args, in_channels):
+def measure(label, gated, dense, args, in_channels, deploy):
     shape = (in_channels, 32, 32)
     x = torch.randn(args.batch_size, *shape, generator=torch.Generator().manual_seed(1))
     pruned = prune(gated)
-    loaded = exported(pruned, x)  # the batch size is specialised by torch.export
+    ratio = flops(dense, shape) / flops(pruned, shape)
+    if deploy != "eager":
+        x = x.contiguous(memory_format=torch.channels_last)
+    # the same preparation and the same torch.export round trip for both (the batch size is specialised)
+    loaded = exported(DEPLOY[deploy](pruned), x)
+    loaded_dense = exported(DEPLOY[deploy](dense), x)
+    if deploy == "compile":
+        loaded, loaded_dense = torch.compile(loaded), torch.compile(loaded_dense)
     with torch.no_grad():
         err = float((loaded(x) - gated(x)).abs().max())
-    ratio = flops(dense, shape) / flops(pruned, shape)
-    t_dense, t_pruned = time_pair(dense.eval(), loaded, x, args.repeats)
+    t_dense, t_pruned = time_pair(loaded_dense, loaded, x, args.repeats)
     speedups = [d / p for d, p in zip(t_dense, t_pruned, strict=True)]
     speedup = statistics.median(speedups)
     return [
         label,
+        deploy,
         f"{flops(pruned, shape) / 1e6:.0f}M",
         f"{ratio:.2f}x",
         f"{statistics.median(t_dense) * 1e3:.0f}",
@@ -96,9 +121,10 @@ def main(argv=None):
     p.add_argument("--in-channels", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--fractions", type=float, nargs="*", default=[0.25, 0.5, 0.75])
-    p.add_argument("--state", default=None, help="model.pt of a trained L0 run of experiments/wrn.py")
+    p.add_argument("--state", nargs="*", default=None, help="model.pt files of trained L0 runs of experiments/wrn.py")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--deploy", nargs="+", default=["eager", "fold"], choices=list(DEPLOY))
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -107,13 +133,27 @@ def main(argv=None):
     rows = []
     for fraction in args.fractions:
         gated = closed_model(args.depth, args.width, fraction, args.in_channels)
-        rows.append(measure(f"{fraction:.2f} closed", gated, dense, args, args.in_channels))
-        print(rows[-1], flush=True)
-    if args.state:
+        for deploy in args.deploy:
+            rows.append(measure(f"{fraction:.2f} closed", gated, dense, args, args.in_channels, deploy))
+            print(rows[-1], flush=True)
+    for state in args.state or []:
         gated = l0_wide_resnet(args.depth, args.width, in_channels=args.in_channels)
-        gated.load_state_dict(torch.load(args.state, weights_only=True))
-        rows.append(measure(f"trained ({Path(args.state).parent.name})", gated.eval(), dense, args, args.in_channels))
-    header = ["model", "FLOPs", "FLOP ratio", "dense ms", "pruned ms", "speedup", "speedup / FLOP ratio", "max |diff|"]
+        gated.load_state_dict(torch.load(state, weights_only=True))
+        for deploy in args.deploy:
+            label = f"trained ({Path(state).parent.parent.name}/{Path(state).parent.name})"
+            rows.append(measure(label, gated.eval(), dense, args, args.in_channels, deploy))
+            print(rows[-1], flush=True)
+    header = [
+        "model",
+        "deploy",
+        "FLOPs",
+        "FLOP ratio",
+        "dense ms",
+        "pruned ms",
+        "speedup",
+        "speedup / FLOP ratio",
+        "max abs diff",
+    ]
     print(format_table(header, rows, markdown=args.markdown))
     return 0
 

@@ -434,3 +434,107 @@ def test_wrn_experiment_script_end_to_end(tmp_path, capsys):
     assert (out / "constrained" / "pruned.pt2").stat().st_size > 0
     assert script.main(argv) == 2  # an existing run is never overwritten
     assert "| constrained |" in capsys.readouterr().out
+
+
+def test_wrn_experiment_sgd_schedule(tmp_path):
+    """--optimizer sgd: SGD for weights and gates (own step size), the paper's drops scaled to the epochs."""
+    import argparse
+    import importlib.util
+    import json
+    import pathlib
+
+    from idx_fixtures import write_mnist_dir
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("wrn_script", root / "experiments" / "wrn.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    # 60/120/160 of 200 epochs, scaled
+    for epochs, expected in ((200, [60, 120, 160]), (5, [2, 3, 4]), (10, [3, 6, 8])):
+        assert script.milestones(argparse.Namespace(milestones=None, epochs=epochs)) == expected
+    write_mnist_dir(tmp_path / "mnist", n_train=20, n_test=10)
+    out = tmp_path / "runs"
+    argv = ["--data", "mnist-dir", "--data-dir", str(tmp_path / "mnist"), "--depth", "10", "--width", "1",
+            "--epochs", "2", "--batch-size", "10", "--out", str(out), "--runs", "penalized", "dense",
+            "--optimizer", "sgd", "--lr", "0.1", "--gate-lr", "0.05", "--milestones", "1",
+            "--gamma", "0.2"]  # fmt: skip
+    assert script.main(argv) == 0
+    history = json.loads((out / "penalized" / "history.json").read_text())
+    assert [r["lr"][k] for r in history for k in (0, 1)] == pytest.approx([0.1, 0.05, 0.02, 0.01])
+    dense = json.loads((out / "dense" / "history.json").read_text())  # one group: no gates
+    assert [r["lr"] for r in dense] == pytest.approx([0.1, 0.02])
+    # densities: recomputed from model.pt by --summarize-only when a summary lacks them
+    path = out / "penalized" / "summary.json"
+    summary = json.loads(path.read_text())
+    assert 0 < summary["expected_density"] <= 1 and summary["test_time_density"] == 1.0  # no gate closed
+    path.write_text(json.dumps({k: v for k, v in summary.items() if "density" not in k}))
+    _, again = script.load_run(out / "penalized")
+    assert again["expected_density"] == pytest.approx(summary["expected_density"], rel=1e-6)
+    assert script.main(["--out", str(out), "--summarize-only"]) == 0
+
+
+# ------------------------------------------------------------------------------------------- deployment
+
+
+def test_fold_batch_norm_equals_the_eval_model():
+    from l0bayes.nn.export import fold_batch_norm, for_inference
+
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        torch.manual_seed(0)
+        model = ResNet().to(dtype)
+        _randomise_batch_norms(model)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        folded = fold_batch_norm(model)
+        # each block's bn2 follows conv1 alone; bn1 and the last bn follow a residual addition / the stem,
+        # whose output also feeds the skip connection
+        remaining = [n for n, m in folded.named_modules() if isinstance(m, nn.BatchNorm2d)]
+        assert sorted(remaining) == ["block1.bn1", "block2.bn1", "bn"]
+        x = _x(dtype=dtype)
+        with torch.no_grad():
+            expected = model.eval()(x)
+            torch.testing.assert_close(folded(x), expected, rtol=tol, atol=tol)
+            deployed = for_inference(model)
+            assert deployed.block1.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+            nhwc = x.contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(deployed(nhwc), expected, rtol=tol, atol=tol)
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the model is not changed
+
+
+def test_fold_batch_norm_written_out():
+    """One conv + bn: s = gamma / sqrt(var + eps), W' = s W, b' = s (b - mean) + beta, by hand in NumPy."""
+    import numpy as np
+
+    from l0bayes.nn.export import fold_batch_norm
+
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Conv2d(2, 3, 3, bias=True), nn.BatchNorm2d(3, eps=1e-3))
+    _randomise_batch_norms(net)
+    folded = fold_batch_norm(net)
+    conv, bn = net[0], net[1]
+    s = bn.weight.detach().numpy() / np.sqrt(bn.running_var.numpy() + 1e-3)
+    np.testing.assert_allclose(folded.get_submodule("0").weight.detach().numpy(),
+                               conv.weight.detach().numpy() * s[:, None, None, None], rtol=1e-6)  # fmt: skip
+    bias = s * (conv.bias.detach().numpy() - bn.running_mean.numpy()) + bn.bias.detach().numpy()
+    np.testing.assert_allclose(folded.get_submodule("0").bias.detach().numpy(), bias, rtol=1e-6, atol=1e-6)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
+
+
+def test_fold_batch_norm_leaves_a_convolution_used_twice():
+    from l0bayes.nn.export import fold_batch_norm
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3, padding=1)
+            self.bn = nn.BatchNorm2d(2)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.bn(y) + y  # the convolution's output is needed unnormalised too
+
+    model = Twice()
+    _randomise_batch_norms(model)
+    folded = fold_batch_norm(model)
+    assert any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(folded(_x()), model.eval()(_x()))

@@ -6,6 +6,7 @@ from .distributed import DistributedConfig, DistributedError, is_main_process
 from .errors import NonFiniteLossError
 from .free_energy import FreeEnergy, free_energy
 from .objectives import BayesObjective, ConstrainedObjective, Objective, PenalizedObjective, constrained_summary
+from .optimizers import parameter_groups
 from .training import TrainResult, train
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "TrainResult",
     "free_energy",
     "is_main_process",
+    "parameter_groups",
     "resolve_device",
     "train",
 ]

@@ -24,6 +24,7 @@ from .distributed import DataParallelContext
 from .errors import NonFiniteLossError
 from .free_energy import FreeEnergy, free_energy
 from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, make_objective
+from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr, step_scheduler
 
 __all__ = ["NonFiniteLossError", "OBJECTIVES", "ParameterAverage", "TrainResult", "resolve_device", "train"]
 
@@ -109,6 +110,16 @@ _ARGUMENT_RULES = (
         lambda a: a["checkpoint"] is not None,
         "resume=True needs checkpoint= (the file to resume from)",
     ),
+    (
+        lambda a: a["optimizer"] is not None,
+        lambda a: callable(a["optimizer"]),
+        "optimizer must be a factory model -> torch.optim.Optimizer (or None), got {optimizer!r}",
+    ),
+    (
+        lambda a: a["scheduler"] is not None,
+        lambda a: callable(a["scheduler"]),
+        "scheduler must be a factory optimizer -> LRScheduler (or None), got {scheduler!r}",
+    ),
 )
 # Checks of the data: (holds when, error type, message).
 _DATA_RULES = (
@@ -157,8 +168,10 @@ def train(
     ema_decay=None,
     final_phase=FINAL_PHASE,
     record_every=1,
+    optimizer=None,
+    scheduler=None,
 ):
-    r"""Train a sparse model with minibatch Adam.
+    r"""Train a sparse model with minibatch Adam, or the optimiser and schedule a factory builds.
 
     :param model: a module with ``model(x, y, num_data)`` and ``guide(x, y, num_data)`` (the
         models in :mod:`l0bayes.models`). If it also has ``penalized_loss`` (e.g.
@@ -205,12 +218,25 @@ def train(
         parameters, which the returned model holds at the end (the raw ones go on training and are
         what a checkpoint resumes from). The paper's code evaluates with ``beta = 0.999``. ``None``: no
         averaging.
+    :param optimizer: ``None`` (Adam at ``lr`` over every parameter, fused where possible) or a factory
+        ``model -> torch.optim.Optimizer``, called once on the model (after it is moved to ``device``);
+        :func:`~l0bayes.inference.parameter_groups` gives the gates (``log_alpha``) their own group, e.g.
+        their own step size and no weight decay. ``lr`` is then not used by the optimiser; the constrained
+        objective's multiplier step is still ``3 *`` a step size unless ``multiplier_lr`` is given: three
+        times the initial step size of the group holding the gates (as the factory built it, before any
+        schedule), and it stays fixed while a schedule changes the optimiser's.
+    :param scheduler: ``None`` or a factory ``optimizer -> torch.optim.lr_scheduler.LRScheduler``; the
+        schedule is stepped once at the end of every epoch (``ReduceLROnPlateau`` with the epoch's mean
+        training loss), so a ``MultiStepLR(milestones=[60, 120, 160])`` drops the step size after those epochs.
+        The optimiser's and the schedule's state go into the checkpoint, and resuming with another optimiser
+        class, other settings of a group or another schedule is a ``ValueError`` naming what differs.
     :param int record_every: the full end-of-epoch record (free energy on a fixed subset of up to 1000
         training examples, test error, FLOPs) every ``record_every`` epochs and at the last; the other
         epochs record only the mean training loss, wall time and the objective's own entries. Each
         record says which it is (``full_record``).
     :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
-        L0, expected FLOPs, test error, multipliers and densities, wall time).
+        L0, expected FLOPs, test error, multipliers and densities, wall time, and ``lr``: the step size of
+        each of the optimiser's parameter groups during that epoch).
     :raises NonFiniteLossError: when the objective or a parameter becomes NaN or infinite.
     """
     arguments = dict(locals())
@@ -229,23 +255,30 @@ def train(
     num_data = x.shape[0]
     batch_size = min(int(batch_size), num_data)
     local_batch = ddp.local_batch_size(batch_size)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=_fused_adam(model))
+    optimizer, schedule, run_settings = _build_optimizer(model, lr, optimizer, scheduler)
+    gate_step = run_settings.pop("gate_lr")  # not part of the signature: the optimiser's description holds it
+    multiplier_lr = MULTIPLIER_LR_PER_LR * gate_step if multiplier_lr is None else multiplier_lr
     estimator = make_objective(
         objective,
         model,
         num_data,
         target_density=target_density,
         per_layer=per_layer,
-        multiplier_lr=MULTIPLIER_LR_PER_LR * float(lr) if multiplier_lr is None else multiplier_lr,
+        multiplier_lr=multiplier_lr,
         dual_restarts=dual_restarts,
         final_phase=final_phase,
     )
     shuffle = torch.Generator().manual_seed(seed)
-    signature = _run_signature(objective, lr, batch_size, x, y)
+    signature = {**_run_signature(objective, lr, batch_size, x, y), **run_settings}
     history, start_epoch = [], 0
     average = ParameterAverage(model, ema_decay) if ema_decay is not None else None
     if resume:
-        state = _resume(ddp, checkpoint, device, model, optimizer, estimator, shuffle, average, seed)
+        state = ddp.load(checkpoint, map_location=device)
+        try:
+            _resume(state, checkpoint, ddp, model, (optimizer, schedule), estimator, shuffle, average, seed)
+        except ValueError:  # e.g. an optimiser with other parameter groups: say what changed, if anything did
+            _check_signature(state, signature, checkpoint)
+            raise
         _check_signature(state, signature, checkpoint)
         history, start_epoch = state["history"], state["epoch"]
     projection = _log_alpha_projection(model, log_alpha_range)
@@ -281,12 +314,15 @@ def train(
             if bar is not None:
                 bar.update(1)
         _check_parameters(model, epoch)
+        step_sizes = [float(g["lr"]) for g in optimizer.param_groups]  # those of this epoch
+        step_scheduler(schedule, total_loss / steps)
         if not ddp.is_main:  # rank 0 records, reports and writes; the others only train
             if checkpoint is not None:
                 ddp.gather(_rng_state())
             continue
         full = (epoch + 1) % int(record_every) == 0 or epoch + 1 == epochs
         record = {"epoch": epoch + 1, "mean_loss": total_loss / steps, "wall_s": time.perf_counter() - start}
+        record["lr"] = step_sizes
         with average.swapped() if average is not None else contextlib.nullcontext():
             if average is not None:
                 estimator.finalize_parameters()  # the average of fixed gates is fixed too
@@ -303,6 +339,8 @@ def train(
             if average is not None:
                 extra["ema"] = average.state_dict()
             extra.update(objective_state=estimator.state_dict(), run=signature)
+            if schedule is not None:
+                extra["scheduler"] = schedule.state_dict()
             _save(checkpoint, model, optimizer, estimator.multipliers(), history, epoch + 1, shuffle, extra)
     if bar is not None:
         bar.close()
@@ -346,22 +384,23 @@ def _check_parameters(model, epoch):
         raise NonFiniteLossError(f"parameters {names} became NaN or infinite in epoch {epoch + 1}")
 
 
-def _resume(ddp, checkpoint, device, model, optimizer, estimator, shuffle, average, seed):
-    """Load ``checkpoint`` into the run's objects; returns the checkpoint's state."""
-    state = ddp.load(checkpoint, map_location=device)
+def _resume(state, checkpoint, ddp, model, optimization, estimator, shuffle, average, seed):
+    """Load the checkpoint's ``state`` into the run's objects (``optimization``: optimiser and schedule)."""
+    optimizer, schedule = optimization
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    if schedule is not None and "scheduler" in state:
+        schedule.load_state_dict(state["scheduler"])
     if "objective_state" in state:
         estimator.load_state_dict(state["objective_state"])
     elif estimator.name == "constrained":  # a checkpoint written before objects held their state
-        estimator.mu = state["multipliers"].to(device)
+        estimator.mu = state["multipliers"].to(next(model.parameters()).device)
     shuffle.set_state(state["shuffle"])
     ddp.restore_rng(state, seed, _set_rng_state)
     if average is not None:
         if "ema" not in state:
             raise ValueError(f"checkpoint {checkpoint!r} holds no parameter average: it was not trained with ema_decay")
         average.load_state_dict(state["ema"])
-    return state
 
 
 def _run_signature(objective, lr, batch_size, x, y):
@@ -371,14 +410,46 @@ def _run_signature(objective, lr, batch_size, x, y):
     return {"objective": objective, "lr": float(lr), "batch_size": int(batch_size), "data": data}
 
 
+def _build_optimizer(model, lr, optimizer, scheduler):
+    """The optimiser and schedule of a run and the settings a resume must match.
+
+    :returns: ``(optimizer, schedule or None, settings)``; ``settings`` holds ``gate_lr`` (the initial step
+        size of the gates' group, before any schedule) and the descriptions of the optimiser and the schedule.
+    """
+    built = (optimizer or default_optimizer(lr))(model)
+    if not isinstance(built, torch.optim.Optimizer):
+        raise TypeError(f"optimizer= must return a torch.optim.Optimizer, got {type(built).__name__}")
+    settings = {"gate_lr": gate_lr(built, model), "optimizer": describe_optimizer(built)}
+    schedule = None if scheduler is None else scheduler(built)
+    if schedule is not None and not (hasattr(schedule, "step") and hasattr(schedule, "state_dict")):
+        raise TypeError(f"scheduler= must return a learning-rate scheduler, got {type(schedule).__name__}")
+    settings["scheduler"] = describe_scheduler(schedule)
+    return built, schedule, settings
+
+
 def _check_signature(state, signature, checkpoint):
     saved = state.get("run")
     if saved is None:  # written before checkpoints stored it
         return
-    changed = [f"{k} {saved[k]!r} -> {signature[k]!r}" for k in signature if saved.get(k) != signature[k]]
+    # Entries a checkpoint of an earlier version lacks (the optimiser, the schedule) are not compared.
+    keys = [k for k in signature if k in saved]
+    changed = [c for k in keys for c in _differences(k, saved[k], signature[k])]
     if changed:
-        changed = [c if not c.startswith("data") else "data (shape or values of x, y)" for c in changed]
         raise ValueError(f"cannot resume from {checkpoint!r}: the run changed: {'; '.join(changed)}")
+
+
+def _differences(name, old, new):
+    """``["name.key old -> new", ...]`` for every leaf where two plain containers differ."""
+    if name == "data":
+        return [] if old == new else ["data (shape or values of x, y)"]
+    if isinstance(old, dict) and isinstance(new, dict) and old.get("type") == new.get("type"):
+        return [c for k in sorted(set(old) | set(new)) for c in _differences(f"{name}.{k}", old.get(k), new.get(k))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [c for k, (a, b) in enumerate(zip(old, new, strict=True)) for c in _differences(f"{name}[{k}]", a, b)]
+    if isinstance(old, dict) and "type" in old or isinstance(new, dict) and "type" in new:  # another class
+        kinds = [v.get("type") if isinstance(v, dict) else v for v in (old, new)]
+        return [f"{name} {kinds[0]} -> {kinds[1]}"]
+    return [] if old == new else [f"{name} {old!r} -> {new!r}"]
 
 
 def _full_record(model, x, y, estimator, batch_size, device, test_data, input_shape):
@@ -498,16 +569,6 @@ def _test_rmse(model, x, y, device):
     with torch.no_grad():
         pred = x.to(device) @ model.coefficients() + model.bias
         return float(torch.sqrt(((pred - y.to(device)) ** 2).mean()))
-
-
-def _fused_adam(model):
-    """Use PyTorch's fused Adam (one kernel for all parameters) where it supports every parameter.
-
-    The same update rule as the default implementation (up to rounding); on a CPU at minibatch sizes it
-    halves the optimiser's share of a step, which is mostly per-tensor dispatch.
-    """
-    params = list(model.parameters())
-    return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
 def _flops_record(model, input_shape):

@@ -1,0 +1,129 @@
+"""Optimisers and learning-rate schedules for :func:`~l0bayes.inference.train`.
+
+``train(optimizer=..., scheduler=...)`` takes two factories, as a PyTorch user would write them:
+
+* ``optimizer``: ``model -> torch.optim.Optimizer`` (default: fused Adam at ``lr`` over every parameter);
+* ``scheduler``: ``optimizer -> torch.optim.lr_scheduler.LRScheduler``, stepped once at the end of every
+  epoch (``ReduceLROnPlateau`` is stepped with the epoch's mean training loss).
+
+:func:`parameter_groups` splits a model's parameters into the gates' ``log_alpha`` and everything else, so
+that a factory can give the gates their own step size and no weight decay, e.g. the Wide ResNet schedule
+of Louizos et al. (2018), Section 4.2 (SGD 0.1 with Nesterov momentum 0.9, the step size divided by 5 at
+epochs 60, 120 and 160)::
+
+    optimizer = lambda m: torch.optim.SGD(parameter_groups(m, weights={"weight_decay": 5e-4}),
+                                          lr=0.1, momentum=0.9, nesterov=True)
+    scheduler = lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[60, 120, 160], gamma=0.2)
+"""
+
+import torch
+
+from ..nn.gates import gates_of
+
+__all__ = [
+    "default_optimizer",
+    "describe_optimizer",
+    "describe_scheduler",
+    "gate_lr",
+    "parameter_groups",
+    "step_scheduler",
+]
+
+
+def parameter_groups(model, gates=None, weights=None):
+    """The parameters of ``model`` as two ``torch.optim`` parameter groups: weights first, then gates.
+
+    :param model: any module; its gates are found with :func:`~l0bayes.nn.gates_of` (every
+        :class:`~l0bayes.nn.HardConcreteGate`, including those that :func:`~l0bayes.nn.sparsify` attached).
+    :param dict gates: optimiser settings of the gates' ``log_alpha`` group (e.g. ``{"lr": 0.01,
+        "weight_decay": 0.0}``); the optimiser's defaults fill in the rest.
+    :param dict weights: settings of the group of every other parameter.
+    :returns: ``[{"params": [...], **weights}, {"params": [...], **gates}]``, without a group that would be
+        empty (a model without gates gives one group).
+    """
+    gate_ids = {id(g.log_alpha) for _, g in gates_of(model)}
+    params = [p for p in model.parameters()]
+    gate_params = [p for p in params if id(p) in gate_ids]
+    weight_params = [p for p in params if id(p) not in gate_ids]
+    groups = []
+    if weight_params:
+        groups.append({"params": weight_params, **dict(weights or {})})
+    if gate_params:
+        groups.append({"params": gate_params, **dict(gates or {})})
+    return groups
+
+
+def default_optimizer(lr):
+    """The factory ``train()`` uses without ``optimizer=``: Adam at ``lr``, fused where every parameter allows."""
+
+    def build(model):
+        params = list(model.parameters())
+        fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+        return torch.optim.Adam(params, lr=lr, fused=fused)
+
+    return build
+
+
+def gate_lr(optimizer, model):
+    """The step size of the group holding the gates' ``log_alpha`` (the first group's if the model has no gates).
+
+    ``train()`` sets the constrained objective's multiplier step to three times this value unless
+    ``multiplier_lr`` is given.
+    """
+    gate_ids = {id(g.log_alpha) for _, g in gates_of(model)}
+    for group in optimizer.param_groups:
+        if any(id(p) in gate_ids for p in group["params"]):
+            return float(group["lr"])
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def _plain(value):
+    if torch.is_tensor(value):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+
+
+def describe_optimizer(optimizer):
+    """What identifies an optimiser's settings: its class and every group's hyperparameters and size."""
+    groups = [
+        {**{k: _plain(v) for k, v in g.items() if k != "params"}, "num_params": len(g["params"])}
+        for g in optimizer.param_groups
+    ]
+    return {"type": type(optimizer).__name__, "groups": groups}
+
+
+# Scheduler state that changes as it steps (not a setting).
+_SCHEDULER_PROGRESS = (
+    "last_epoch",
+    "_step_count",
+    "_last_lr",
+    "_is_initial",
+    "_get_lr_called_within_step",
+    "best",
+    "num_bad_epochs",
+    "cooldown_counter",
+)
+
+
+def describe_scheduler(scheduler):
+    """What identifies a schedule: its class and the settings in its ``state_dict`` (``None`` for no schedule)."""
+    if scheduler is None:
+        return None
+    state = scheduler.state_dict()
+    settings = {k: _plain(dict(v) if isinstance(v, dict) else v) for k, v in state.items()}
+    settings = {k: v for k, v in settings.items() if k not in _SCHEDULER_PROGRESS}
+    return {"type": type(scheduler).__name__, "settings": settings}
+
+
+def step_scheduler(scheduler, mean_loss):
+    """One end-of-epoch step; ``ReduceLROnPlateau`` watches the epoch's mean training loss."""
+    if scheduler is None:
+        return
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        scheduler.step(mean_loss)
+    else:
+        scheduler.step()

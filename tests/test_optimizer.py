@@ -1,0 +1,173 @@
+"""train(optimizer=..., scheduler=...): factories, parameter groups, schedules, checkpoints and resume."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from l0bayes.inference import parameter_groups, train
+from l0bayes.inference.checkpoint import load_checkpoint
+from l0bayes.models import SparseClassifier
+from l0bayes.nn import L0MLP, gates_of
+
+
+def _data(n=96, features=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    return x, y
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return SparseClassifier(L0MLP(5, (8,), 2), lam=0.01)
+
+
+def _sgd(lr=0.1, momentum=0.9, weight_decay=1e-3, gate_lr=0.05):
+    def build(model):
+        groups = parameter_groups(model, gates={"lr": gate_lr, "weight_decay": 0.0})
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+    return build
+
+
+def _steps(milestones=(2, 3), gamma=0.5):
+    return lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(milestones), gamma=gamma)
+
+
+def _train(model, epochs, **kwargs):
+    x, y = _data()
+    kwargs = {"objective": "penalized", "batch_size": 32, "seed": 3, "progress": False, **kwargs}
+    return train(model, x, y, epochs=epochs, **kwargs)
+
+
+def test_parameter_groups_split_gates_from_weights():
+    model = _model()
+    weights, gates = parameter_groups(model, gates={"lr": 0.5}, weights={"weight_decay": 1e-4})
+    log_alphas = {id(g.log_alpha) for _, g in gates_of(model)}
+    assert {id(p) for p in gates["params"]} == log_alphas and gates["lr"] == 0.5
+    assert {id(p) for p in weights["params"]} == {id(p) for p in model.parameters()} - log_alphas
+    assert weights["weight_decay"] == 1e-4 and "lr" not in weights
+    assert len(gates["params"]) + len(weights["params"]) == len(list(model.parameters()))
+    # a network without gates: one group of every parameter
+    (only,) = parameter_groups(torch.nn.Linear(3, 2))
+    assert len(only["params"]) == 2
+
+
+def test_multistep_schedule_gives_the_hand_computed_step_sizes():
+    result = _train(_model(), 5, optimizer=_sgd(), scheduler=_steps((2, 3), 0.5))
+    # MultiStepLR: lr_k = lr_0 * gamma ** (number of milestones <= k), k = epochs completed before epoch k + 1
+    for k, record in enumerate(result.history):
+        drops = sum(m <= k for m in (2, 3))
+        assert record["lr"] == pytest.approx([0.1 * 0.5**drops, 0.05 * 0.5**drops], rel=1e-12)
+
+
+def test_cosine_schedule_follows_its_formula():
+    sched = lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4, eta_min=0.01)  # noqa: E731
+    result = _train(_model(), 4, optimizer=_sgd(lr=0.2, gate_lr=0.2), scheduler=sched)
+    for k, record in enumerate(result.history):
+        expected = 0.01 + (0.2 - 0.01) * (1 + math.cos(math.pi * k / 4)) / 2
+        assert record["lr"] == pytest.approx([expected, expected], rel=1e-9)
+
+
+def test_sgd_steps_match_a_hand_computed_update():
+    """Two full-batch steps of SGD with momentum and weight decay, against the update rule written out."""
+    lr, mu, wd, gate_lr = 0.1, 0.9, 1e-2, 0.3
+    model = _model()
+    reference = copy.deepcopy(model)
+    x, y = _data()
+    train(model, x, y, objective="penalized", epochs=2, batch_size=x.shape[0], seed=5, progress=False,
+          optimizer=_sgd(lr, mu, wd, gate_lr))  # fmt: skip
+    # the same gate draws (train() seeds torch with seed, then each step draws the gates once)
+    torch.manual_seed(5)
+    shuffle = torch.Generator().manual_seed(5)
+    gate_ids = {id(g.log_alpha) for _, g in gates_of(reference)}
+    buffers = {}
+    for _ in range(2):
+        order = torch.randperm(x.shape[0], generator=shuffle)
+        nll, cost = reference.penalized_loss(x[order], y[order], x.shape[0])
+        grads = torch.autograd.grad((nll + cost) / x.shape[0], list(reference.parameters()))
+        with torch.no_grad():
+            for p, g in zip(reference.parameters(), grads, strict=True):
+                gate = id(p) in gate_ids
+                d = g if gate else g + wd * p  # no weight decay on the gates' group
+                buffers[id(p)] = d if id(p) not in buffers else mu * buffers[id(p)] + d
+                p -= (gate_lr if gate else lr) * buffers[id(p)]
+    for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_resume_with_optimizer_and_schedule_is_bit_identical(tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    straight = _model()
+    full = _train(straight, 5, optimizer=_sgd(), scheduler=_steps())
+    _train(_model(), 2, optimizer=_sgd(), scheduler=_steps(), checkpoint=str(ckpt))
+    state = load_checkpoint(ckpt)  # weights_only=True
+    assert state["scheduler"]["last_epoch"] == 2 and "momentum_buffer" in str(state["optimizer"]["state"])
+    resumed = _model(seed=11)  # other initial values: everything must come from the checkpoint
+    result = _train(resumed, 5, optimizer=_sgd(), scheduler=_steps(), checkpoint=str(ckpt), resume=True)
+    for (name, a), b in zip(straight.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert [r["lr"] for r in result.history] == [r["lr"] for r in full.history]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"optimizer": None, "scheduler": None}, "optimizer SGD -> Adam"),
+        ({"optimizer": _sgd(momentum=0.5)}, r"optimizer.groups\[0\].momentum 0.9 -> 0.5"),
+        ({"optimizer": _sgd(gate_lr=0.01)}, r"optimizer.groups\[1\].lr 0.05 -> 0.01"),
+        ({"scheduler": _steps((2, 4))}, "scheduler.settings.milestones"),
+        ({"scheduler": None}, "scheduler MultiStepLR -> None"),
+    ],
+)
+def test_resume_with_another_optimizer_or_schedule_is_refused(tmp_path, change, message):
+    ckpt = tmp_path / "ckpt.pt"
+    _train(_model(), 1, optimizer=_sgd(), scheduler=_steps(), checkpoint=str(ckpt))
+    kwargs = {"optimizer": _sgd(), "scheduler": _steps(), **change}
+    with pytest.raises(ValueError, match="cannot resume") as err:
+        _train(_model(), 3, checkpoint=str(ckpt), resume=True, **kwargs)
+    assert err.match(message)
+
+
+def test_reduce_on_plateau_is_stepped_with_the_mean_loss():
+    # threshold 10 (relative, mode "min"): no loss ever counts as an improvement, so with patience 0
+    # every epoch's step multiplies the step sizes by the factor
+    sched = lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=10.0)  # noqa: E731
+    result = _train(_model(), 3, optimizer=_sgd(lr=0.1, gate_lr=0.1), scheduler=sched)
+    assert [r["lr"][0] for r in result.history] == pytest.approx([0.1, 0.05, 0.025])
+
+
+def test_constrained_multiplier_step_is_three_times_the_gates_lr(monkeypatch):
+    import l0bayes.inference.training as training
+
+    seen = {}
+    original = training.make_objective
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(training, "make_objective", spy)
+    kwargs = {"objective": "constrained", "target_density": 0.5}
+    _train(_model(), 1, optimizer=_sgd(lr=0.1, gate_lr=0.02), scheduler=_steps((1,), 0.1), **kwargs)
+    assert seen["multiplier_lr"] == pytest.approx(3 * 0.02)
+    _train(_model(), 1, lr=0.004, **kwargs)  # the default Adam: 3 * lr
+    assert seen["multiplier_lr"] == pytest.approx(3 * 0.004)
+    _train(_model(), 1, optimizer=_sgd(), multiplier_lr=0.7, **kwargs)
+    assert seen["multiplier_lr"] == 0.7
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"optimizer": "sgd"}, ValueError, "optimizer must be a factory"),
+        ({"scheduler": 0.5}, ValueError, "scheduler must be a factory"),
+        ({"optimizer": lambda m: list(m.parameters())}, TypeError, "must return a torch.optim.Optimizer"),
+        ({"scheduler": lambda o: 3}, TypeError, "must return a learning-rate scheduler"),
+    ],
+)
+def test_bad_factories_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        _train(_model(), 1, **kwargs)
