@@ -227,9 +227,9 @@ class ConstrainedObjective(Objective):
 
     def _warn_if_far(self, epoch, epochs):
         """Warn when the Lagrangian phase ended far above the target: the final phase then prunes a lot at once."""
-        gaps = [(d, t) for d, t in zip(self.density_at_fix, self.target_values, strict=True) if d - t > FINAL_PHASE_GAP]
-        if gaps:
-            d, t = max(gaps, key=lambda g: g[0] - g[1])
+        far = _largest_gap(self.density_at_fix, self.target_values)
+        if far is not None:
+            d, t = far
             warnings.warn(
                 f"constrained: the gates are fixed for the final phase (epoch {epoch + 1} of {epochs}) at expected "
                 f"density {d:.3f} against the target {t:.3f}; the final phase removes the difference at once, "
@@ -320,6 +320,12 @@ def _top_groups(gates, target):
     return list(keep.split([g.num_gates for g in gates]))
 
 
+def _largest_gap(densities, targets):
+    """``(density, target)`` of the constraint furthest above its target, if by more than ``FINAL_PHASE_GAP``."""
+    far = [(d, t) for d, t in zip(densities, targets, strict=True) if d - t > FINAL_PHASE_GAP]
+    return max(far, key=lambda g: g[0] - g[1]) if far else None
+
+
 def _scalar_or_list(values, per_layer):
     return values if per_layer else values[0]
 
@@ -383,10 +389,9 @@ def constrained_summary(
     warnings += [f"layer {n} ended empty: no gate is open at test time" for n, d in layers.items() if d == 0]
     if density_at_final_phase is not None:
         started = torch.as_tensor(density_at_final_phase, dtype=torch.float64).reshape(-1).tolist()
-        wanted = [t for _, _, t in checks]
-        far = [(d, t) for d, t in zip(started, wanted, strict=True) if d - t > FINAL_PHASE_GAP]
-        if far:
-            d, t = max(far, key=lambda g: g[0] - g[1])
+        far = _largest_gap(started, [t for _, _, t in checks])
+        if far is not None:
+            d, t = far
             warnings.append(
                 f"the final phase started at expected density {d:.3f} against the target {t:.3f}: "
                 "more epochs or a larger multiplier_lr would let the Lagrangian get there first"

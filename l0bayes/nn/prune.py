@@ -39,7 +39,7 @@ from torch import nn
 from .gates import HardConcreteGate
 from .layers import L0Conv2d, L0Linear
 from .penalty import l0_layers
-from .sparsify import GatedLayer, GroupGate
+from .sparsify import GatedLayer, GroupGate, _probe_forward
 
 _LINEAR = (L0Linear, nn.Linear)
 _CONV = (L0Conv2d, nn.Conv2d)
@@ -318,18 +318,9 @@ def _trace(module, input_shape):
         for m in module.modules()
         if isinstance(m, _WEIGHT)
     ]
-    modes = [(m, m.training) for m in module.modules()]
     p = next(module.parameters(), None)
     x = torch.zeros((1, *shape), dtype=p.dtype if p is not None else None, device=p.device if p is not None else None)
-    try:
-        module.eval()
-        with torch.no_grad():
-            module(x)
-    finally:
-        for h in hooks:
-            h.remove()
-        for m, training in modes:
-            m.training = training
+    _probe_forward(module, (x,), hooks)
     return calls
 
 

@@ -169,19 +169,27 @@ def _followers(model, convs, example_inputs):
         if hit is not None and hit[1] is args[0]:
             links.setdefault(hit[0], module)
 
+    handles += [conv.register_forward_hook(after_conv) for conv in convs]
+    handles += [m.register_forward_pre_hook(before_bn) for m in model.modules() if isinstance(m, _BATCH_NORMS)]
+    _probe_forward(model, _as_tuple(example_inputs), handles)
+    return links
+
+
+def _probe_forward(module, inputs, handles):
+    """One ``eval()``, no-grad forward of ``module`` on ``inputs`` (a tuple) for the hooks behind ``handles``.
+
+    The hooks are removed and every submodule's training flag restored afterwards, even when the forward raises.
+    """
+    training = [(m, m.training) for m in module.modules()]
     try:
-        handles += [conv.register_forward_hook(after_conv) for conv in convs]
-        handles += [m.register_forward_pre_hook(before_bn) for m in model.modules() if isinstance(m, _BATCH_NORMS)]
-        training = [(m, m.training) for m in model.modules()]
-        model.eval()
+        module.eval()
         with torch.no_grad():
-            model(*_as_tuple(example_inputs))
+            module(*inputs)
     finally:
         for h in handles:
             h.remove()
         for m, mode in training:
             m.training = mode
-    return links
 
 
 def _chosen(model, layers, include, exclude):
