@@ -57,8 +57,9 @@ def test_fit_in_process(tmp_path, capsys):
         ["--hidden", "16,8", "--objective", "constrained", "--target-density", "0.5", "--per-layer"],
         ["--hidden", "16,8", "--lam", "fc1=0.1,fc2=0.5", "--batch-size", "64"],
         ["--hidden", "16,8", "--ema", "0.99", "--log-alpha-range", "paper", "--init", "he"],
+        ["--hidden", "16,8", "--objective", "bayes", "--compile"],
     ],
-    ids=["lenet5", "linear-bayes", "constrained", "per-layer-lam", "paper-protocol"],
+    ids=["lenet5", "linear-bayes", "constrained", "per-layer-lam", "paper-protocol", "compiled"],
 )
 def test_fit_variants(tmp_path, capsys, extra):
     args = ["fit", "--epochs", "2", "--no-progress", "--threads", "1", "--out", str(tmp_path), *extra]
@@ -181,6 +182,12 @@ def test_runtime_errors_are_one_line(tmp_path, capsys):
         argv = argv if "--out" in argv else [*argv, "--out", str(tmp_path / "out")]
         lines = _one_line_error(capsys, main([*TINY, *argv]))
         assert len(lines) == 1 and message in lines[0], (argv, lines)
+
+
+def test_compile_on_a_pyro_model_is_a_one_line_error(tmp_path, capsys):
+    argv = ["fit", "--model", "linear", "--compile", "--epochs", "1", "--no-progress", "--out", str(tmp_path / "o")]
+    lines = _one_line_error(capsys, main(argv))
+    assert len(lines) == 1 and "fused losses" in lines[0]
 
 
 def test_resume_refuses_other_settings(tmp_path, capsys):

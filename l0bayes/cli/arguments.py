@@ -221,6 +221,13 @@ def build_parser():
     g = fit.add_argument_group("run")
     g.add_argument("--device", default=None, help="auto (default: CUDA if available), cpu, cuda, cuda:1, ...")
     g.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help="each training step's forward, loss and backward under torch.compile (mlp and lenet5): fewer, fused "
+        "kernels per step after 10-30 s of compiling; see docs/guide/training.md",
+    )
+    g.add_argument(
         "--threads",
         type=_positive_int,
         default=None,

@@ -33,12 +33,13 @@ DEFAULTS = {
     "ema": None,
     "val_fraction": None,
     "device": "auto",
+    "compile": False,
     "threads": None,
     "out": None,
     "progress": True,
 }
 # What --resume may change; everything else must match the run being resumed.
-RESUMABLE = {"epochs", "device", "threads", "out", "progress"}
+RESUMABLE = {"epochs", "device", "compile", "threads", "out", "progress"}
 
 
 def _fill_defaults(cfg):

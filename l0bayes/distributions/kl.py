@@ -1,6 +1,5 @@
 """KL divergence between two hard concrete gates (Appendix C, Eq. 27-29)."""
 
-import functools
 import math
 
 import torch
@@ -188,9 +187,26 @@ def _shared_scalars(q, p):
     return bq, bp, ap, lq, uq
 
 
-@functools.lru_cache(maxsize=64)
+#: The constants of :func:`_shared_constants` by their arguments, oldest first (at most 64 entries).
+_SHARED_CONSTANTS = {}
+
+
 def _shared_constants(bq, bp, ap, lower, upper, num_nodes, dtype, device):
-    """Nodes, scaled weights and prior log density on the nodes (tensors), and the scalar constants."""
+    """Nodes, scaled weights and prior log density on the nodes (tensors), and the scalar constants; cached.
+
+    A plain dictionary rather than ``functools.lru_cache``: inside ``torch.compile`` the lookup is traced
+    and the cached tensors become constants of the graph (a cache wrapper would be traced through, down
+    to NumPy's Gauss-Legendre rule, and break the graph).
+    """
+    key = (bq, bp, ap, lower, upper, num_nodes, dtype, device)
+    if key not in _SHARED_CONSTANTS:
+        if len(_SHARED_CONSTANTS) >= 64:
+            del _SHARED_CONSTANTS[next(iter(_SHARED_CONSTANTS))]
+        _SHARED_CONSTANTS[key] = _compute_shared_constants(*key)
+    return _SHARED_CONSTANTS[key]
+
+
+def _compute_shared_constants(bq, bp, ap, lower, upper, num_nodes, dtype, device):
     x, w = _legendre_numpy(num_nodes)
     v0 = math.log(-lower) - math.log(upper)
     v1 = math.log1p(-lower) - math.log(upper - 1.0)

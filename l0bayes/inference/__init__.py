@@ -1,6 +1,7 @@
 """Inference: the free energy of Eq. 21, training, and data-parallel training under torchrun."""
 
 from .averaging import ParameterAverage
+from .compiled import CompiledStep
 from .device import resolve_device
 from .distributed import DistributedConfig, DistributedError, is_main_process
 from .errors import NonFiniteLossError
@@ -11,6 +12,7 @@ from .training import TrainResult, train
 
 __all__ = [
     "BayesObjective",
+    "CompiledStep",
     "ConstrainedObjective",
     "Objective",
     "PenalizedObjective",

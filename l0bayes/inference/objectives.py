@@ -63,6 +63,11 @@ class Objective:
         self.model = model
         self.num_data = int(num_data)
 
+    @property
+    def fused(self):
+        """Whether :meth:`step` uses the model's own fused loss (which compiles) rather than Pyro's traces."""
+        return hasattr(self.model, "penalized_loss")
+
     def start_epoch(self, epoch, epochs):
         """Called before epoch ``epoch`` (0-based) of ``epochs``."""
 
@@ -108,6 +113,10 @@ class BayesObjective(Objective):
     def __init__(self, model, num_data):
         super().__init__(model, num_data)
         self.elbo = None if hasattr(model, "bayes_loss") else TraceMeanField_ELBO()
+
+    @property
+    def fused(self):
+        return self.elbo is None
 
     def step(self, x, y):
         if self.elbo is None:

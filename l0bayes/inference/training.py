@@ -19,6 +19,7 @@ from ..nn.gates import gates_of
 from ..utils import all_finite, check_xy
 from .averaging import ParameterAverage
 from .checkpoint import numpy_rng_state, save_checkpoint, set_numpy_rng_state
+from .compiled import CompiledStep
 from .device import resolve_device
 from .distributed import DataParallelContext
 from .errors import NonFiniteLossError
@@ -111,6 +112,11 @@ _ARGUMENT_RULES = (
         "resume=True needs checkpoint= (the file to resume from)",
     ),
     (
+        lambda a: True,
+        lambda a: isinstance(a["compile"], bool),
+        "compile must be True or False, got {compile!r}",
+    ),
+    (
         lambda a: a["optimizer"] is not None,
         lambda a: callable(a["optimizer"]),
         "optimizer must be a factory model -> torch.optim.Optimizer (or None), got {optimizer!r}",
@@ -170,6 +176,7 @@ def train(
     record_every=1,
     optimizer=None,
     scheduler=None,
+    compile=False,
 ):
     r"""Train a sparse model with minibatch Adam, or the optimiser and schedule a factory builds.
 
@@ -234,6 +241,12 @@ def train(
         training examples, test error, FLOPs) every ``record_every`` epochs and at the last; the other
         epochs record only the mean training loss, wall time and the objective's own entries. Each
         record says which it is (``full_record``).
+    :param bool compile: run each training step's forward, loss and backward under :func:`torch.compile`
+        (:class:`~l0bayes.inference.compiled.CompiledStep`): fewer, fused kernels per step, for models with the
+        fused losses (e.g. :class:`~l0bayes.models.SparseClassifier`), not with ``distributed``. The first
+        steps pay the compilation (seconds to tens of seconds), conditional computation is off, and the
+        values agree with the eager step up to rounding; see ``docs/guide/training.md``, "Compiling the
+        training step".
     :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
         L0, expected FLOPs, test error, multipliers and densities, wall time, and ``lr``: the step size of
         each of the optimiser's parameter groups during that epoch).
@@ -268,6 +281,9 @@ def train(
         dual_restarts=dual_restarts,
         final_phase=final_phase,
     )
+    if compile and ddp.enabled:
+        raise ValueError("compile=True is not supported with data-parallel training; leave compile off under torchrun")
+    step_function = CompiledStep(estimator) if compile else estimator.step
     shuffle = torch.Generator().manual_seed(seed)
     signature = {**_run_signature(objective, lr, batch_size, x, y), **run_settings}
     history, start_epoch = [], 0
@@ -296,7 +312,7 @@ def train(
             idx = order[step * local_batch : (step + 1) * local_batch]
             xb, yb = x[idx].to(device), y[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss, value, statistics = step_objective(estimator.step, xb, yb)
+            loss, value, statistics = step_objective(step_function, xb, yb)
             # Means over the ranks (one all-reduce): the global-batch values, identical on every rank.
             loss_mean, value_mean, statistics = ddp.mean(loss, value, statistics)
             if not torch.isfinite(value_mean):

@@ -103,6 +103,14 @@ class SparseClassifier(nn.Module):
             self._priors[key] = prior_like(prior, like)
         return self._priors[key]
 
+    def _prior_scalars(self, temperature, lower, upper, like):
+        """``(log_alpha, temperature)`` of :meth:`_prior` as floats (its values in ``like``'s dtype), cached."""
+        key = (temperature, lower, upper, like.dtype, like.device, "floats")
+        if key not in self._priors:
+            prior = self._prior(temperature, lower, upper, like)
+            self._priors[key] = (float(prior.log_alpha), float(prior.temperature))
+        return self._priors[key]
+
     def _gate_prior(self, gate):
         return self._prior(gate.temperature, gate.lower, gate.upper, gate.log_alpha)
 
@@ -135,7 +143,7 @@ class SparseClassifier(nn.Module):
         """
         logits, log_alphas = self._forward_sampled(x)
         nll = F.cross_entropy(logits, y, reduction="mean") * num_data
-        prior = functools.partial(self._prior, like=log_alphas[0])
+        prior = functools.partial(self._prior_scalars, like=log_alphas[0])
         return nll, self._gate_set.kl(log_alphas, prior), self.code_cost(log_alphas)
 
     def penalized_loss(self, x, y, num_data):

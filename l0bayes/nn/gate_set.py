@@ -51,8 +51,9 @@ class _Group:
 
     def open_counts(self, z):
         """The number of nonzero draws of each member, counted in one pass (for conditional computation)."""
-        if z.device.type != "cpu":
-            return [None] * len(self.gates)  # counting would synchronise the device; the layers do not need it
+        if z.device.type != "cpu" or torch.compiler.is_compiling():
+            # counting would synchronise the device, or break a compiled graph; the layers do not need it there
+            return [None] * len(self.gates)
         if len(self.gates) == 1:
             return [int(torch.count_nonzero(z))]
         key = ("members", z.device)
@@ -145,13 +146,15 @@ class GateSet:
     def kl(self, log_alphas, prior):
         r""":math:`\sum_g KL(q(z_g) \| p(z_g))` (Eq. 28) over all gates, one quadrature pass per group.
 
-        :param prior: a callable ``(temperature, lower, upper) -> HardConcrete`` with a scalar
-            batch (the prior of the gates of that group).
+        :param prior: a callable ``(temperature, lower, upper) ->`` the prior of the gates of that group:
+            a :class:`HardConcrete` with a scalar batch, or, with the group's stretch, its ``(log_alpha,
+            temperature)`` as two floats (no tensor is read back, so the call compiles into one graph under
+            :func:`torch.compile`).
         """
         total = None
         for group, log_alpha in zip(self.groups, log_alphas, strict=True):
             p = prior(group.temperature, group.lower, group.upper)
-            scalars = group.prior_scalars(p)
+            scalars = p if isinstance(p, tuple) else group.prior_scalars(p)
             if scalars is not None:  # the usual case: no distribution objects on the hot path
                 kl = kl_shared_parameters(log_alpha, group.temperature, *scalars, group.lower, group.upper)
             else:

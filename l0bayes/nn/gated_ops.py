@@ -20,7 +20,8 @@ on the hard concrete gate).
 Whether the compact product pays is decided per call by a measured rule (:func:`use_compact`):
 it pays on a CPU once enough groups are closed, since it gathers the open columns of ``x`` and
 ``W`` and scatters the gradient back; it is never used on a GPU in ``"auto"`` mode (counting the
-open gates would synchronise the device every step).
+open gates would synchronise the device every step), nor inside :func:`torch.compile` (the number of
+open groups would be a data-dependent shape).
 """
 
 import torch
@@ -47,8 +48,8 @@ def use_compact(z, mode, max_open_fraction, num_open=None):
     :param int num_open: the number of nonzero gates if already known
         (:meth:`~l0bayes.nn.gate_set.GateSet.sampled` counts them for all layers in one pass).
     """
-    if mode is False or z.dim() != 1:
-        return None
+    if mode is False or z.dim() != 1 or torch.compiler.is_compiling():
+        return None  # (under torch.compile the size of the open set would be a data-dependent shape)
     if mode == "auto" and z.device.type != "cpu":
         return None
     if num_open is None:
