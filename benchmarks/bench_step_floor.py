@@ -43,7 +43,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def load_prototype():
     from torch.utils.cpp_extension import load
 
-    return load("l0bayes_fused_gates", [os.path.join(HERE, "prototypes", "fused_gates.cpp")], extra_cflags=["-O3", "-march=native"])
+    return load(
+        "l0bayes_fused_gates",
+        [os.path.join(HERE, "prototypes", "fused_gates.cpp")],
+        extra_cflags=["-O3", "-march=native"],
+    )
 
 
 def prototype_patches(ext):
