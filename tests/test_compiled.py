@@ -85,6 +85,26 @@ def test_compiled_training_follows_the_eager_run():
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("objective", ["penalized", "bayes"])
+def test_a_second_model_with_other_settings_gets_its_own_values(objective):
+    """Compiled graphs are shared between models; every setting must reach the graph as an input or a guard."""
+    batches = _batches(1)
+    first = _classifier()
+    CompiledStep(make_objective(objective, first, NUM_DATA))(*batches[0])
+    second = _classifier()
+    second.lam, second.prior_inclusion = 5.0, 0.05  # other code cost and prior
+    with torch.no_grad():
+        second.net.fc1.weight.mul_(2.0)
+    eager_copy = copy.deepcopy(second)
+    torch.manual_seed(7)
+    compiled = _steps(CompiledStep(make_objective(objective, second, 2 * NUM_DATA)), second, batches)
+    torch.manual_seed(7)
+    eager = _steps(make_objective(objective, eager_copy, 2 * NUM_DATA).step, eager_copy, batches)
+    torch.testing.assert_close(compiled[0][0], eager[0][0], rtol=1e-5, atol=1e-4)
+    for g_c, g_e in zip(compiled[0][2], eager[0][2], strict=True):
+        torch.testing.assert_close(g_c, g_e, rtol=1e-4, atol=1e-6)
+
+
 def test_compile_refuses_a_model_without_fused_losses():
     x, y = torch.randn(40, 5), torch.randn(40)
     with pytest.raises(ValueError, match="fused losses"):
