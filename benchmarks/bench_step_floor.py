@@ -33,8 +33,6 @@ import bench_training as bt
 import torch
 import torch.nn.functional as F
 
-from l0bayes.inference import CompiledStep
-from l0bayes.inference.objectives import make_objective
 from l0bayes.nn import gate_set, layers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -183,23 +181,6 @@ def wrapped(step, context):
     return run
 
 
-def compiled_step(num_data):
-    model = bt.make_model("penalized", torch.device("cpu"))
-    optimizer = torch.optim.Adam(model.parameters(), lr=bt.LR, fused=True)
-    objective = CompiledStep(make_objective("penalized", model, num_data))
-
-    def step(xb, yb):
-        optimizer.zero_grad(set_to_none=True)
-        loss, value, _ = objective(xb, yb)
-        if not torch.isfinite(value):
-            raise FloatingPointError("non-finite objective")
-        value.backward()
-        optimizer.step()
-        return float(loss.detach())
-
-    return step
-
-
 def check_prototype(patched, x, y, num_data):
     """The prototype's loss and gradients against the eager step for the same draws (largest relative difference)."""
     models = [bt.make_model("penalized", torch.device("cpu")) for _ in range(2)]
@@ -241,16 +222,12 @@ def main(argv=None):
         "floor": floor_step(num_data),
         "penalized": bt.make_step("penalized", bt.make_model("penalized", device), num_data),
         "penalized_cpp": wrapped(bt.make_step("penalized", bt.make_model("penalized", device), num_data), patched),
-        "penalized_compiled": compiled_step(num_data),
+        "penalized_compiled": bt.compiled_step("penalized", bt.make_model("penalized", device), num_data),
     }
     for step in steps.values():
         bt.run_steps(step, x, y, order, 0, 30, device)
-    times = {name: [] for name in steps}
+    times = bt.interleaved(steps, x, y, order, args.repeats, args.steps, device, start=lambda r: r * args.steps)
     names = list(steps)
-    for r in range(args.repeats):
-        rotated = names[r % len(names) :] + names[: r % len(names)]
-        for name in rotated:
-            times[name].append(bt.run_steps(steps[name], x, y, order, r * args.steps, args.steps, device) / args.steps)
     print("| step | ms/step (cpu) | ratio to dense |")
     print("|---|---|---|")
     for name in names:

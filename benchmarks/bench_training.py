@@ -421,17 +421,25 @@ def compile_eval(x, y, steps, repeats, device):
             )
             fns[key] = step
             rows[key] = {"first_call_s": first, "graphs": frames, "times": []}
-    keys = list(fns)
-    for r in range(repeats):
-        rot = r % len(keys)
-        for key in keys[rot:] + keys[:rot]:
-            rows[key]["times"].append(run_steps(fns[key], x, y, order, 0, steps, device) / steps)
+    for key, times in interleaved(fns, x, y, order, repeats, steps, device).items():
+        rows[key]["times"] = times
     dense_eager = rows[("dense", "eager")]["times"]
-    for key in keys:
-        times = rows[key]["times"]
-        rows[key]["ms"] = statistics.median(times) * 1e3
-        rows[key]["ratio"] = statistics.median([a / b for a, b in zip(times, dense_eager, strict=True)])
+    for row in rows.values():
+        row["ms"] = statistics.median(row["times"]) * 1e3
+        row["ratio"] = statistics.median([a / b for a, b in zip(row["times"], dense_eager, strict=True)])
     return rows
+
+
+def interleaved(steps_by_name, x, y, order, repeats, count, device, start=lambda r: 0):
+    """``{name: [seconds per step, one per repeat]}``: each repeat runs every step function on the same
+    ``count`` minibatches (from ``start(r)``), in an order rotated from repeat to repeat."""
+    names = list(steps_by_name)
+    times = {name: [] for name in names}
+    for r in range(repeats):
+        rot = r % len(names)
+        for name in names[rot:] + names[:rot]:
+            times[name].append(run_steps(steps_by_name[name], x, y, order, start(r), count, device) / count)
+    return times
 
 
 # ---------------------------------------------------------------------------- issue 15: CUDA graphs

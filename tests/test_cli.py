@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -187,7 +188,17 @@ def test_runtime_errors_are_one_line(tmp_path, capsys):
 def test_compile_on_a_pyro_model_is_a_one_line_error(tmp_path, capsys):
     argv = ["fit", "--model", "linear", "--compile", "--epochs", "1", "--no-progress", "--out", str(tmp_path / "o")]
     lines = _one_line_error(capsys, main(argv))
-    assert len(lines) == 1 and "fused losses" in lines[0]
+    assert len(lines) == 1 and "--compile only applies to the networks" in lines[0]
+    assert not (tmp_path / "o").exists()  # refused before the run directory is made
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="needs a C++ compiler")
+def test_a_compiled_run_resumes_without_compiling(tmp_path, capsys):
+    assert main([*TINY, "--epochs", "1", "--compile", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "config.json").read_text())["compile"] is True
+    assert main(["fit", "--resume", "--out", str(tmp_path), "--epochs", "2", "--no-compile", "--no-progress"]) == 0
+    assert json.loads((tmp_path / "config.json").read_text())["compile"] is False
+    assert [r["epoch"] for r in json.loads((tmp_path / "history.json").read_text())] == [1, 2]
 
 
 def test_resume_refuses_other_settings(tmp_path, capsys):

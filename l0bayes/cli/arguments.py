@@ -222,10 +222,11 @@ def build_parser():
     g.add_argument("--device", default=None, help="auto (default: CUDA if available), cpu, cuda, cuda:1, ...")
     g.add_argument(
         "--compile",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help="each training step's forward, loss and backward under torch.compile (mlp and lenet5): fewer, fused "
-        "kernels per step after 10-30 s of compiling; see docs/guide/training.md",
+        "kernels per step after 7-20 s of compiling (default: off; --resume keeps the run's setting unless "
+        "given); see docs/guide/training.md",
     )
     g.add_argument(
         "--threads",

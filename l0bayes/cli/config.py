@@ -92,6 +92,8 @@ def _check(cfg):
             raise CLIError(f"--weight-decay only applies to the networks, not {model}")
         if cfg["lam"] is not None and cfg["slab"] == "gaussian":
             raise CLIError("--lam is the code cost of the point slab; the Gaussian slab pays its KL instead")
+        if cfg["compile"]:
+            raise CLIError(f"--compile only applies to the networks (mlp, lenet5), not {model}: it trains through Pyro")
     else:
         if cfg["slab"] != "point":
             raise CLIError(f"--slab only applies to --model linear or logistic, not {model}")
@@ -144,6 +146,8 @@ def _check_values(cfg):
             raise CLIError(f"{key} must be a number, got {cfg[key]!r}")
     if not cfg["lr"] > 0 or cfg["lr"] == float("inf"):
         raise CLIError(f"lr must be a positive number, got {cfg['lr']!r}")
+    if not isinstance(cfg.get("compile", False), bool):
+        raise CLIError(f"compile must be true or false, got {cfg['compile']!r}")
     if not isinstance(cfg["out"], (str, type(None))):
         raise CLIError(f"out must be a path, got {cfg['out']!r}")
 

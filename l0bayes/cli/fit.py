@@ -116,7 +116,7 @@ def _train(cfg, run, model, data, targets, resume, main_process):
             input_shape=data.input_shape if cfg["model"] in ("mlp", "lenet5") else None,
             log_alpha_range=cfg["log_alpha_range"],
             ema_decay=cfg["ema"],
-            compile=bool(cfg.get("compile", False)),
+            compile=cfg.get("compile", False),
         )
     except KeyboardInterrupt:
         if main_process:

@@ -201,7 +201,7 @@ def _shared_constants(bq, bp, ap, lower, upper, num_nodes, dtype, device):
     key = (bq, bp, ap, lower, upper, num_nodes, dtype, device)
     if key not in _SHARED_CONSTANTS:
         if len(_SHARED_CONSTANTS) >= 64:
-            del _SHARED_CONSTANTS[next(iter(_SHARED_CONSTANTS))]
+            _SHARED_CONSTANTS.pop(next(iter(_SHARED_CONSTANTS)), None)
         _SHARED_CONSTANTS[key] = _compute_shared_constants(*key)
     return _SHARED_CONSTANTS[key]
 

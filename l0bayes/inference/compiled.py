@@ -16,43 +16,72 @@ What changes inside the compiled region (``docs/guide/training.md``, "Compiling 
 """
 
 import torch
+import torch._dynamo
 
-__all__ = ["CompiledStep"]
+__all__ = ["RECOMPILE_LIMIT", "CompiledStep", "requirement_error"]
+
+
+#: Graphs :func:`torch.compile` may keep per step function (PyTorch's default is 8). The graphs are shared
+#: between models, and a model with other settings (``lam``, the prior, the data size) or a smaller last
+#: minibatch adds one: a sweep over a few dozen settings in one process stays compiled.
+RECOMPILE_LIMIT = 64
+
+
+def requirement_error(model, objective):
+    """The message of why ``objective`` cannot be compiled for ``model``, or ``None`` when it can."""
+    needed = "bayes_loss" if objective == "bayes" else "penalized_loss"
+    if hasattr(model, needed):
+        return None
+    return (
+        f"compile=True needs a model with the fused loss {needed} for the {objective!r} objective (e.g. "
+        f"SparseClassifier); {type(model).__name__} goes through Pyro's traces, which torch.compile does not capture"
+    )
 
 
 class CompiledStep:
     r"""``objective.step`` compiled with :func:`torch.compile`, for the loop of :func:`~l0bayes.inference.train`.
 
-    Before its first compiled call it evaluates the step once eagerly, with the random number generators
-    saved and restored and the result discarded. That fills the caches of constants the step reads (the
-    gate prior's parameters, the KL's quadrature nodes, the per-gate code-cost weights), so the compiled
-    graph reads them as constants instead of building them, and the draws of the run are unchanged.
+    Before its first compiled call it evaluates the step once eagerly and discards the result, with the
+    random number generators and the model's buffers (e.g. batch-norm statistics) saved and restored.
+    That fills the caches of constants the step reads (the gate prior's parameters, the KL's quadrature
+    nodes, the per-gate code-cost weights), so the compiled graph reads them instead of building them,
+    and the run's draws and statistics are those of the eager run.
 
     :param objective: an :class:`~l0bayes.inference.objectives.Objective` whose model has the fused
-        losses (``penalized_loss``, and ``bayes_loss`` for ``"bayes"``); Pyro's traces do not compile.
-    :param options: keyword arguments of :func:`torch.compile` (default ``dynamic=False``).
+        loss (``bayes_loss`` for ``"bayes"``, ``penalized_loss`` otherwise); Pyro's traces do not compile.
+    :param options: keyword arguments of :func:`torch.compile`; the defaults ``dynamic=False`` and
+        Inductor's ``fallback_random=True`` (the eager random stream) stay unless overridden one by one.
     :raises ValueError: when the objective would go through Pyro's traces.
     """
 
     def __init__(self, objective, **options):
         if not objective.fused:
-            raise ValueError(
-                f"compile=True needs a model with the fused losses (penalized_loss, and bayes_loss for the "
-                f"'bayes' objective), e.g. SparseClassifier; {type(objective.model).__name__} goes through Pyro's "
-                "traces, which torch.compile does not capture"
-            )
+            raise ValueError(requirement_error(objective.model, objective.name))
         self.objective = objective
-        options = {"dynamic": False, "options": {"fallback_random": True}, **options}
-        self._compiled = torch.compile(objective.step, **options)
+        inductor = {"fallback_random": True, **options.pop("options", {})}
+        self._compiled = torch.compile(objective.step, **{"dynamic": False, **options, "options": inductor})
         self._warm = False
+        self._shapes = set()  # the minibatch shapes this step has compiled (or found) a graph for
 
     def __call__(self, x, y):
         if not self._warm:
             self._warm_caches(x, y)
-        return self._compiled(x, y)
+        shape = (x.shape, y.shape)
+        if shape in self._shapes:
+            return self._compiled(x, y)
+        # A new shape, or this model's first call, may compile a graph: allow for the graphs of other models.
+        limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            out = self._compiled(x, y)
+        self._shapes.add(shape)
+        return out
 
     def _warm_caches(self, x, y):
         devices = [x.device] if x.device.type == "cuda" else []
+        buffers = [(b, b.clone()) for b in self.objective.model.buffers()]
         with torch.random.fork_rng(devices=devices):
             self.objective.step(x, y)
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
         self._warm = True

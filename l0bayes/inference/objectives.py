@@ -132,7 +132,7 @@ class PenalizedObjective(Objective):
     name = "penalized"
 
     def step(self, x, y):
-        if hasattr(self.model, "penalized_loss"):
+        if self.fused:
             nll, cost = self.model.penalized_loss(x, y, self.num_data)
             loss = nll + cost
         else:
@@ -205,7 +205,7 @@ class ConstrainedObjective(Objective):
 
     # ------------------------------------------------------------------ phase 1
     def step(self, x, y):
-        if hasattr(self.model, "penalized_loss"):
+        if self.fused:
             nll, _ = self.model.penalized_loss(x, y, self.num_data)
         else:
             nll = _free_energy(self.model, x, y, self.num_data).nll

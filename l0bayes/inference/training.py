@@ -19,7 +19,7 @@ from ..nn.gates import gates_of
 from ..utils import all_finite, check_xy
 from .averaging import ParameterAverage
 from .checkpoint import numpy_rng_state, save_checkpoint, set_numpy_rng_state
-from .compiled import CompiledStep
+from .compiled import CompiledStep, requirement_error
 from .device import resolve_device
 from .distributed import DataParallelContext
 from .errors import NonFiniteLossError
@@ -56,7 +56,8 @@ def _density_ok(v):
     return t.numel() >= 1 and bool(((t > 0) & (t <= 1)).all())
 
 
-# Every argument check of train() in one place: (applies when, holds when, message). `a` holds the arguments.
+# Every argument check of train() in one place: (applies when, holds when, message: a template or a function of
+# the arguments). `a` holds the arguments.
 _ARGUMENT_RULES = (
     (
         lambda a: True,
@@ -117,6 +118,11 @@ _ARGUMENT_RULES = (
         "compile must be True or False, got {compile!r}",
     ),
     (
+        lambda a: a["compile"] is True and a["objective"] in OBJECTIVES,
+        lambda a: requirement_error(a["model"], a["objective"]) is None,
+        lambda a: requirement_error(a["model"], a["objective"]),
+    ),
+    (
         lambda a: a["optimizer"] is not None,
         lambda a: callable(a["optimizer"]),
         "optimizer must be a factory model -> torch.optim.Optimizer (or None), got {optimizer!r}",
@@ -144,7 +150,7 @@ def _check_arguments(args, x, y):
     """Raise the first failed rule of :data:`_ARGUMENT_RULES` and :data:`_DATA_RULES`."""
     for applies, holds, message in _ARGUMENT_RULES:
         if applies(args) and not holds(args):
-            raise ValueError(message.format(OBJECTIVES=OBJECTIVES, **args))
+            raise ValueError(message(args) if callable(message) else message.format(OBJECTIVES=OBJECTIVES, **args))
     for holds, error, message in _DATA_RULES:
         if not holds(x, y):
             raise error(message.format(rows=x.shape[0], labels=y.shape[0] if y is not None else 0))
@@ -259,6 +265,8 @@ def train(
         _check_data(model, test_data[0], test_data[1], "test")
 
     ddp = DataParallelContext(distributed, device)
+    if compile and ddp.enabled:
+        raise ValueError("compile=True is not supported with data-parallel training; leave compile off under torchrun")
     device = ddp.device
     gate_seed = ddp.seed(seed)  # differs between ranks: each draws its own gates
     torch.manual_seed(gate_seed)
@@ -281,8 +289,6 @@ def train(
         dual_restarts=dual_restarts,
         final_phase=final_phase,
     )
-    if compile and ddp.enabled:
-        raise ValueError("compile=True is not supported with data-parallel training; leave compile off under torchrun")
     step_function = CompiledStep(estimator) if compile else estimator.step
     shuffle = torch.Generator().manual_seed(seed)
     signature = {**_run_signature(objective, lr, batch_size, x, y), **run_settings}

@@ -1,7 +1,5 @@
 """A gated neural network as a Bayesian classifier (Eq. 21) or a penalised one (Eq. 9, 22)."""
 
-import functools
-
 import pyro
 import pyro.distributions as dist
 import torch
@@ -27,8 +25,8 @@ class SparseClassifier(nn.Module):
       ``TraceMeanField_ELBO`` the loss is the free energy of Eq. 21 with the analytic KL (Eq. 28).
     * :meth:`bayes_loss`: the same free energy (Eq. 21) for one gate draw computed directly in torch,
       all gates in one fused pass (:class:`~l0bayes.nn.gate_set.GateSet`) and the KL in closed-form
-      gradient quadrature: equal to ``TraceMeanField_ELBO``'s loss for the same draws, several times
-      cheaper per step. :func:`~l0bayes.inference.train` uses it for ``objective="bayes"``.
+      gradient quadrature: equal to ``TraceMeanField_ELBO``'s loss for the same draws (float64), several
+      times cheaper per step. :func:`~l0bayes.inference.train` uses it for ``objective="bayes"``.
     * :meth:`penalized_loss`: the same objective without the KL (Eq. 22 = N times Eq. 9), likewise fused.
 
     :param net: the gated network (e.g. :class:`~l0bayes.nn.L0MLP`).
@@ -103,11 +101,15 @@ class SparseClassifier(nn.Module):
             self._priors[key] = prior_like(prior, like)
         return self._priors[key]
 
-    def _prior_scalars(self, temperature, lower, upper, like):
-        """``(log_alpha, temperature)`` of :meth:`_prior` as floats (its values in ``like``'s dtype), cached."""
-        key = (temperature, lower, upper, like.dtype, like.device, "floats")
+    def _prior_scalars(self, temperature, lower, upper):
+        """``(log_alpha, temperature)`` of the gate prior as exact (float64) floats, cached.
+
+        The fused KL of :meth:`bayes_loss` takes them with the gates' own float stretch, so nothing is
+        rounded to the model's dtype before the quadrature.
+        """
+        key = (temperature, lower, upper, "floats")
         if key not in self._priors:
-            prior = self._prior(temperature, lower, upper, like)
+            prior = gate_prior(self.prior_inclusion, temperature=temperature, lower=lower, upper=upper)
             self._priors[key] = (float(prior.log_alpha), float(prior.temperature))
         return self._priors[key]
 
@@ -139,12 +141,12 @@ class SparseClassifier(nn.Module):
         ``nll`` is :math:`-\tfrac{N}{B}\sum_{i \in B} \log p(y_i \mid x_i, z)`, the gate KL is
         :math:`\sum_g KL(q(z_g) \| p(z_g))` (Eq. 28) and the code cost as in :meth:`code_cost`;
         their sum is the loss ``TraceMeanField_ELBO`` computes from :meth:`model` and :meth:`guide`
-        for the same draws.
+        for the same draws (in float64; in float32 the KL here is the more accurate one, since Pyro's
+        distributions first round the stretch, temperatures and prior to float32).
         """
         logits, log_alphas = self._forward_sampled(x)
         nll = F.cross_entropy(logits, y, reduction="mean") * num_data
-        prior = functools.partial(self._prior_scalars, like=log_alphas[0])
-        return nll, self._gate_set.kl(log_alphas, prior), self.code_cost(log_alphas)
+        return nll, self._gate_set.kl(log_alphas, self._prior_scalars), self.code_cost(log_alphas)
 
     def penalized_loss(self, x, y, num_data):
         """Eq. 22 in nats: ``num_data * mean cross-entropy + code cost`` (one gate sample per call)."""
