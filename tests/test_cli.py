@@ -58,9 +58,8 @@ def test_fit_in_process(tmp_path, capsys):
         ["--hidden", "16,8", "--objective", "constrained", "--target-density", "0.5", "--per-layer"],
         ["--hidden", "16,8", "--lam", "fc1=0.1,fc2=0.5", "--batch-size", "64"],
         ["--hidden", "16,8", "--ema", "0.99", "--log-alpha-range", "paper", "--init", "he"],
-        ["--hidden", "16,8", "--objective", "bayes", "--compile"],
     ],
-    ids=["lenet5", "linear-bayes", "constrained", "per-layer-lam", "paper-protocol", "compiled"],
+    ids=["lenet5", "linear-bayes", "constrained", "per-layer-lam", "paper-protocol"],
 )
 def test_fit_variants(tmp_path, capsys, extra):
     args = ["fit", "--epochs", "2", "--no-progress", "--threads", "1", "--out", str(tmp_path), *extra]

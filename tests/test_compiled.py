@@ -117,6 +117,7 @@ def test_compiled_training_follows_the_eager_run():
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
 def test_compiled_constrained_run_with_the_paper_protocol_follows_the_eager_run():
     """The final phase's fixed gates, the log_alpha projection and the parameter average around compiled steps."""
