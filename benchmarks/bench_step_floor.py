@@ -33,7 +33,7 @@ import bench_training as bt
 import torch
 import torch.nn.functional as F
 
-from l0bayes.nn import gate_set, layers
+from l0bayes.nn import gate_set, gated_ops, layers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -79,13 +79,7 @@ def prototype_patches(ext):
             log_alpha, weights = ctx.saved_tensors
             return ext.l0_backward(grad, log_alpha, weights, ctx.shift), None, None
 
-    class FirstLayer(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, z, weight, bias):
-            xz = x * z
-            ctx.save_for_backward(xz, z, weight)
-            return F.linear(xz, weight, bias)
-
+    class FirstLayer(gated_ops._GatedInput):  # the library's forward; the gate gradient without a temporary
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, grad_y):

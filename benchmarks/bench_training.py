@@ -292,12 +292,11 @@ def sparsity_curve(x, y, fractions, steps, repeats, warmup, device):
         warm = torch.randperm(num_data, generator=shuffle)
         for m in names:
             run_steps(step_fns[m], x, y, warm, 0, warmup, device)
-        times = {m: [] for m in names}
-        for r in range(repeats):
-            order = torch.randperm(num_data, generator=shuffle)
-            rot = r % len(names)
-            for m in names[rot:] + names[:rot]:
-                times[m].append(run_steps(step_fns[m], x, y, order, 0, steps, device) / steps)
+
+        def order(r, shuffle=shuffle):  # a new permutation per repeat
+            return torch.randperm(num_data, generator=shuffle)
+
+        times = interleaved(step_fns, x, y, order, repeats, steps, device)
         ratio = {m: statistics.median([a / b for a, b in zip(times[m], times["dense"], strict=True)]) for m in names}
         realised = closed_fraction(variants["auto"].train())
         rows.append((fraction, realised, {m: statistics.median(times[m]) for m in names}, ratio))
@@ -432,13 +431,15 @@ def compile_eval(x, y, steps, repeats, device):
 
 def interleaved(steps_by_name, x, y, order, repeats, count, device, start=lambda r: 0):
     """``{name: [seconds per step, one per repeat]}``: each repeat runs every step function on the same
-    ``count`` minibatches (from ``start(r)``), in an order rotated from repeat to repeat."""
+    ``count`` minibatches (from ``start(r)`` of ``order``, a permutation or a function ``r -> permutation``
+    called once per repeat), in an order rotated from repeat to repeat."""
     names = list(steps_by_name)
     times = {name: [] for name in names}
     for r in range(repeats):
+        permutation = order(r) if callable(order) else order
         rot = r % len(names)
         for name in names[rot:] + names[:rot]:
-            times[name].append(run_steps(steps_by_name[name], x, y, order, start(r), count, device) / count)
+            times[name].append(run_steps(steps_by_name[name], x, y, permutation, start(r), count, device) / count)
     return times
 
 

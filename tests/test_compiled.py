@@ -5,33 +5,28 @@ traces and the per-gate computations.
 """
 
 import copy
+import functools
 import shutil
 
 import pytest
 import torch
 import torch._dynamo
+from test_fused import _classifier as fused_classifier
 from torch import nn
 
 from l0bayes.inference import CompiledStep, train
 from l0bayes.inference.objectives import make_objective
 from l0bayes.models import SparseClassifier, SparseLinearRegression
-from l0bayes.nn import L0MLP, HardConcreteGate, sparsify
+from l0bayes.nn import sparsify
 
 # torch.compile's CPU kernels are C++ built at run time (.ci/run installs g++).
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="torch.compile needs a C++ compiler on the CPU"
 )
+# The test_fused network (gates spread over open, closed and undecided), in float32 unless told.
+_classifier = functools.partial(fused_classifier, dtype=torch.float32)
 NUM_DATA = 1000
 OBJECTIVES = {"penalized": {}, "bayes": {}, "constrained": {"target_density": 0.5}}
-
-
-def _classifier(dtype=torch.float32):
-    torch.manual_seed(1)
-    net = L0MLP(20, (16, 8), 3).to(dtype)
-    with torch.no_grad():  # open, closed and undecided gates, so some draws are exactly 0 or 1
-        for gate in (m for m in net.modules() if isinstance(m, HardConcreteGate)):
-            gate.log_alpha.copy_(torch.linspace(-4.0, 5.0, gate.num_gates, dtype=dtype))
-    return SparseClassifier(net, lam=0.1, prior_inclusion=0.3)
 
 
 def _batches(count, dtype=torch.float32, n=32):
@@ -171,7 +166,7 @@ def test_compile_must_be_a_bool():
 
 @pytest.mark.slow
 def test_compiled_step_equals_eager_step_in_float64():
-    eager_model = _classifier(torch.float64)
+    eager_model = _classifier(dtype=torch.float64)
     compiled_model = copy.deepcopy(eager_model)
     batches = _batches(2, torch.float64)
     torch._dynamo.reset()
