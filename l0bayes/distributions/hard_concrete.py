@@ -6,7 +6,7 @@ import torch
 from pyro.distributions import constraints
 
 from ._stable import log_logistic_density, log_sigmoid, sigmoid_difference, softplus
-from .quadrature import gauss_legendre, map_chunks, num_nodes_for
+from .quadrature import check_num_nodes, gauss_legendre, map_chunks, num_nodes_for
 from .stretched_concrete import (
     ConcreteParameters,
     StretchedConcrete,
@@ -60,10 +60,27 @@ class HardConcrete(ConcreteParameters):
         """The interval ``(v0, v1)`` of the logit variable that maps onto ``(0, 1)``."""
         return stretch_logit_bounds(self.lower, self.upper)
 
-    def _logistic_bounds(self):
+    def _logistic_bounds(self, log_alpha=None):
         r"""``(L0, L1)``: the standard-logistic noise values at which :math:`\bar s` hits 0 and 1."""
+        log_alpha = self.log_alpha if log_alpha is None else log_alpha
         v0, v1 = self._logit_bounds()
-        return self.temperature * v0 - self.log_alpha, self.temperature * v1 - self.log_alpha
+        return self.temperature * v0 - log_alpha, self.temperature * v1 - log_alpha
+
+    def _finite_log_alpha(self):
+        r"""``log_alpha`` with :math:`\pm\infty` replaced by a finite value with the same gate in floating point.
+
+        At :math:`\log\alpha = \pm\infty` the gate is the point mass at 1 (or 0), and the continuous
+        part has no mass: its expectations are ``0 * log 0`` forms. Beyond
+        :math:`|\log\alpha| = \beta\max(|v_0|, |v_1|) + 1000` every atom and quadrature weight is
+        exactly 0 or 1 in float32 and float64 (:math:`e^{-1000}` underflows), so evaluating there gives
+        the limits exactly: entropy 0, ``prob_continuous`` 0, the KL of a point mass. The continuous
+        part's conditional law also has a limit (an exponentially tilted law in the logit variable),
+        which :meth:`sample_continuous` draws from this finite value. NaN stays NaN.
+        """
+        a = self.log_alpha
+        v0, v1 = self._logit_bounds()
+        far = self.temperature * torch.maximum(v0.abs(), v1.abs()) + 1000.0
+        return torch.where(torch.isinf(a), torch.copysign(far.expand_as(a).detach(), a), a)
 
     # ------------------------------------------------------------------ atoms (Eq. 12, 26)
     @property
@@ -83,8 +100,11 @@ class HardConcrete(ConcreteParameters):
 
     @property
     def prob_continuous(self):
-        r""":math:`P(0 < z < 1) = \bar Q(1) - \bar Q(0)`, computed without cancellation."""
-        L0, L1 = self._logistic_bounds()
+        r""":math:`P(0 < z < 1) = \bar Q(1) - \bar Q(0)`, computed without cancellation.
+
+        0 at :math:`\log\alpha = \pm\infty`.
+        """
+        L0, L1 = self._logistic_bounds(self._finite_log_alpha())
         return sigmoid_difference(L1, L0)
 
     # ------------------------------------------------------------------ density, cdf
@@ -108,7 +128,8 @@ class HardConcrete(ConcreteParameters):
         log_inside = self.base.log_prob(safe)
         out = torch.where(inside, log_inside, torch.full_like(log_inside, -float("inf")))
         out = torch.where(value == 0, log_p0, out)
-        return torch.where(value == 1, log_p1, out)
+        out = torch.where(value == 1, log_p1, out)
+        return torch.where(torch.isnan(value), value, out)  # NaN in, NaN out (with validate_args off)
 
     def cdf(self, value):
         r"""CDF of Eq. 26: 0 below 0, :math:`\bar Q(z)` on ``[0, 1)`` (so :math:`\bar Q(0)` at 0), 1 from 1 on.
@@ -157,7 +178,7 @@ class HardConcrete(ConcreteParameters):
         shape = self._extended_shape(sample_shape)
         dtype, device = self.log_alpha.dtype, self.log_alpha.device
         u = torch.rand(shape, dtype=dtype, device=device)  # exact in [0, 1); so is 1 - u
-        L0, L1 = self._logistic_bounds()
+        L0, L1 = self._logistic_bounds(self._finite_log_alpha())
         v0, v1 = self._logit_bounds()
         # Invert from the end nearer zero; the upper end is the mirror image L -> -L, u -> 1 - u.
         from_lower = (L0 + L1) >= 0
@@ -171,7 +192,8 @@ class HardConcrete(ConcreteParameters):
 
     # ------------------------------------------------------------------ exact expectations
     def _params(self):
-        return (self.log_alpha, self.temperature, self.lower, self.upper)
+        """The parameters for the quadrature of expectations, ``log_alpha`` finite (:meth:`_finite_log_alpha`)."""
+        return (self._finite_log_alpha(), self.temperature, self.lower, self.upper)
 
     def resolve_num_nodes(self, num_nodes=None, *others):
         """Quadrature size: ``num_nodes`` if given, else enough for this gate (and ``others``).
@@ -179,6 +201,7 @@ class HardConcrete(ConcreteParameters):
         See :func:`l0bayes.distributions.quadrature.num_nodes_for`.
         """
         if num_nodes is not None:
+            check_num_nodes(num_nodes)
             return num_nodes
         dists = (self,) + others
         max_temperature = max(float(d.temperature.detach().max()) for d in dists) if self.batch_shape.numel() else 1.0
@@ -328,15 +351,17 @@ def _log_prob_scalar_parameters(value, log_alpha, temperature, lower, upper):
     out = torch.where(inside, out, -math.inf)
     v0 = math.log(-lower) - math.log(upper)
     v1 = math.log1p(-lower) - math.log(upper - 1.0)
+    flat = out.view(-1)  # ``out`` is a fresh contiguous tensor; a flat view also covers 0-dim shapes
     for atom, logistic_bound in ((0.0, temperature * v0), (1.0, temperature * v1)):
         at_atom = (value == atom).expand(shape)
         if bool(at_atom.any()):
             a = log_alpha.expand(shape)[at_atom]
             # log P(z = 0) = log sigmoid(L0), log P(z = 1) = log sigmoid(-L1), with L = bound - log_alpha
-            out.index_put_(
-                (at_atom,), log_sigmoid(logistic_bound - a) if atom == 0.0 else log_sigmoid(a - logistic_bound)
+            flat.index_put_(
+                (at_atom.reshape(-1),),
+                log_sigmoid(logistic_bound - a) if atom == 0.0 else log_sigmoid(a - logistic_bound),
             )
-    return out
+    return torch.where(torch.isnan(value), value, out)  # NaN in, NaN out (with validate_args off)
 
 
 def _truncated_logistic_offset(near, far, u):

@@ -7,7 +7,15 @@ from torch.distributions.kl import register_kl
 
 from ._stable import log_logistic_density, log_sigmoid, sigmoid_difference
 from .hard_concrete import HardConcrete
-from .quadrature import _ACCURACY_CONSTANT, CHUNK_SIZE, MAX_NODES, _legendre_numpy, map_chunks, num_nodes_for
+from .quadrature import (
+    _ACCURACY_CONSTANT,
+    CHUNK_SIZE,
+    MAX_NODES,
+    _legendre_numpy,
+    check_num_nodes,
+    map_chunks,
+    num_nodes_for,
+)
 
 KL_METHODS = ("quadrature", "monte_carlo")
 
@@ -41,13 +49,15 @@ def kl_hard_concrete(q, p, method="quadrature", num_nodes=None, num_samples=1000
         raise TypeError(f"kl_hard_concrete expects two HardConcrete, got {type(q).__name__} and {type(p).__name__}")
     if method not in KL_METHODS:
         raise ValueError(f"method must be one of {KL_METHODS}, got {method!r}")
+    if num_nodes is not None:
+        check_num_nodes(num_nodes)
     batch_shape = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
     shared = _shared_scalars(q, p) if method == "quadrature" else None
     if shared is not None:
         # Every gate has the same temperature and stretch as the others and as p, and only
         # q's log_alpha can carry a gradient (the gates of a layer against a fixed prior).
         bq, bp, ap, lower, upper = shared
-        return kl_shared_parameters(q.log_alpha.expand(batch_shape), bq, ap, bp, lower, upper, num_nodes)
+        return kl_shared_parameters(q._finite_log_alpha().expand(batch_shape), bq, ap, bp, lower, upper, num_nodes)
     q, p = q.expand(batch_shape), p.expand(batch_shape)
 
     if method == "monte_carlo":
@@ -67,7 +77,8 @@ def kl_hard_concrete(q, p, method="quadrature", num_nodes=None, num_samples=1000
         pc = HardConcrete(ap, bp, lp, up, validate_args=False)
         return _kl_quadrature(qc, pc, n, same_stretch)
 
-    return map_chunks(run, q._params() + p._params(), batch_shape)
+    # q's infinite log_alpha is made finite (its limit, exactly); p's stays: a point-mass prior gives inf.
+    return map_chunks(run, q._params() + (p.log_alpha, p.temperature, p.lower, p.upper), batch_shape)
 
 
 def kl_shared_parameters(log_alpha, temperature, prior_log_alpha, prior_temperature, lower, upper, num_nodes=None):
@@ -77,7 +88,8 @@ def kl_shared_parameters(log_alpha, temperature, prior_log_alpha, prior_temperat
     and ``HardConcrete(prior_log_alpha, prior_temperature, lower, upper)``, without building the
     distributions: the hot path of a Bayesian training step (one call per group of gates). Every
     argument but ``log_alpha`` (a tensor, differentiable) is a Python float; the gradient is in closed
-    form (:class:`_SharedParametersKL`).
+    form (:class:`_SharedParametersKL`). ``log_alpha`` must be finite (:func:`kl_hard_concrete` takes
+    infinite values to their limit).
     """
     if num_nodes is None:
         v0, v1 = math.log(-lower) - math.log(upper), math.log1p(-lower) - math.log(upper - 1.0)
@@ -88,12 +100,13 @@ def kl_shared_parameters(log_alpha, temperature, prior_log_alpha, prior_temperat
 
 
 def _kl_atoms(q, p):
-    """Q0 log(Q0/P0) + Q1 log(Q1/P1), the logs from logsigmoid."""
+    """Q0 log(Q0/P0) + Q1 log(Q1/P1), the logs from logsigmoid; a term with Q = 0 is 0 (also where P = 0)."""
     qL0, qL1 = q._logistic_bounds()
     pL0, pL1 = p._logistic_bounds()
-    return torch.sigmoid(qL0) * (log_sigmoid(qL0) - log_sigmoid(pL0)) + torch.sigmoid(-qL1) * (
-        log_sigmoid(-qL1) - log_sigmoid(-pL1)
-    )
+    q0, q1 = torch.sigmoid(qL0), torch.sigmoid(-qL1)
+    t0 = q0 * (log_sigmoid(qL0) - log_sigmoid(pL0))
+    t1 = q1 * (log_sigmoid(-qL1) - log_sigmoid(-pL1))
+    return torch.where(q0 > 0, t0, 0.0) + torch.where(q1 > 0, t1, 0.0)
 
 
 def _kl_quadrature(q, p, num_nodes, same_stretch):
@@ -104,9 +117,10 @@ def _kl_quadrature(q, p, num_nodes, same_stretch):
         aq, ap = q.log_alpha.unsqueeze(-1), p.log_alpha.unsqueeze(-1)
         log_ratio = log_logistic_density(bq * v - aq) - log_logistic_density(bp * v - ap)
         log_temperatures = torch.log(q.temperature) - torch.log(p.temperature)
-        continuous = (w * log_ratio).sum(-1) + q.prob_continuous * log_temperatures
+        continuous = torch.where(w > 0, w * log_ratio, 0.0).sum(-1) + q.prob_continuous * log_temperatures
     else:
-        continuous = (w * (q._continuous_log_density(v) - _stretched_log_density_at(p, q, v))).sum(-1)
+        log_ratio = q._continuous_log_density(v) - _stretched_log_density_at(p, q, v)
+        continuous = torch.where(w > 0, w * log_ratio, 0.0).sum(-1)
     return _kl_atoms(q, p) + continuous
 
 
@@ -182,7 +196,7 @@ def _shared_scalars(q, p):
     if any(v is None for v in values):
         return None
     bq, bp, ap, lq, uq, lp, up = values
-    if lq != lp or uq != up:
+    if lq != lp or uq != up or not math.isfinite(ap):
         return None
     return bq, bp, ap, lq, uq
 

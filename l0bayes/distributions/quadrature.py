@@ -42,6 +42,12 @@ def num_nodes_for(max_temperature, max_half_width, dtype):
     return int(min(MAX_NODES, max(MIN_NODES, math.ceil(c / math.log(rho)))))
 
 
+def check_num_nodes(num_nodes):
+    """Raise a :class:`ValueError` naming ``num_nodes`` unless it is a positive integer (not a bool)."""
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+
+
 @functools.cache
 def _legendre_numpy(num_nodes):
     return np.polynomial.legendre.leggauss(num_nodes)
@@ -56,8 +62,7 @@ def gauss_legendre(num_nodes, dtype=torch.float64, device="cpu"):
     Returns two 1-d tensors of ``dtype`` on ``device``; computed once in float64 and
     cached.
     """
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    check_num_nodes(num_nodes)
     key = (num_nodes, dtype, torch.device(device))
     if key not in _CACHE:
         x, w = _legendre_numpy(num_nodes)

@@ -141,7 +141,8 @@ class StretchedConcrete(ConcreteParameters):
             - log_right
             + torch.log(upper - lower)
         )
-        return torch.where(inside, log_density, torch.full_like(log_density, -float("inf")))
+        out = torch.where(inside, log_density, torch.full_like(log_density, -float("inf")))
+        return torch.where(torch.isnan(value), value, out)  # NaN in, NaN out (with validate_args off)
 
     def cdf(self, value):
         """Eq. 24-25: :math:`\\sigma(\\beta y(x) - \\log\\alpha)`, 0 below ``lower``, 1 above ``upper``; NaN at NaN."""
