@@ -283,7 +283,8 @@ class HardConcrete(ConcreteParameters):
         r"""Entropy w.r.t. the base measure of :meth:`log_prob`.
 
         :math:`H = -P_0\log P_0 - P_1 \log P_1 - \int_0^1 \bar q \log \bar q\,dz`, the
-        integral by quadrature.
+        integral by quadrature; 0 at :math:`\log\alpha = \pm\infty` (docs/mathematics.md, "The
+        limits").
         """
         return self._map_chunks(lambda d, n: d._entropy(n), num_nodes)
 
