@@ -10,6 +10,11 @@ from torch.distributions import kl_divergence
 
 from ..distributions import HardConcrete
 
+#: A ``pyro.factor`` site with this name holds a data term (a loss that is not a Pyro likelihood, as in
+#: :class:`~l0bayes.models.SparseModel`): :func:`free_energy` counts it in ``nll``, every other factor in
+#: ``code_cost``.
+DATA_FACTOR = "data_loss"
+
 
 @dataclass
 class FreeEnergy:
@@ -80,7 +85,7 @@ def free_energy(model, guide, *args, kl=True, num_particles=1, **kwargs):
                 log_p = site["fn"].log_prob(site["value"])
                 if site["mask"] is not None and site["mask"] is not True:
                     log_p = log_p * site["mask"]
-                if isinstance(site["fn"], Unit):
+                if isinstance(site["fn"], Unit) and name != DATA_FACTOR:
                     terms["code_cost"] = terms["code_cost"] - scale * log_p.sum()
                 else:
                     terms["nll"] = terms["nll"] - scale * log_p.sum()

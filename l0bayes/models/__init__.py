@@ -1,8 +1,9 @@
-"""Sparse models: spike-and-slab regression and gated classifiers with hard concrete gates."""
+"""Sparse models: spike-and-slab regression, gated classifiers and gated networks with any loss."""
 
 from .autoguide import AutoHardConcrete, auto_guide_list
 from .classifier import SparseClassifier
 from .regression import SparseLinearRegression, SparseLogisticRegression
+from .sparse_model import SparseModel
 
 __all__ = [
     "AutoHardConcrete",
@@ -10,4 +11,5 @@ __all__ = [
     "SparseClassifier",
     "SparseLinearRegression",
     "SparseLogisticRegression",
+    "SparseModel",
 ]

@@ -1,0 +1,31 @@
+"""Callbacks of the training loop: hooks, and the pieces of a run that are not its steps.
+
+* :class:`Callback`, :class:`CallbackList`: the hooks (:mod:`.base`);
+* :class:`ProgressBar` (:mod:`.progress`), :class:`History` (:mod:`.records`),
+  :class:`Checkpointing` (:mod:`.checkpointing`), :class:`ParameterAveraging` (:mod:`.averaging`),
+  :class:`LogAlphaProjection` (:mod:`.projection`), :class:`LRSchedule` (:mod:`.schedule`):
+  what :func:`~l0bayes.inference.train` builds from its arguments;
+* :class:`TensorBoard` (:mod:`.tensorboard`) and :class:`EarlyStopping` (:mod:`.early_stopping`):
+  add them with ``train(..., callbacks=[...])``.
+"""
+
+from .averaging import ParameterAveraging
+from .base import Callback, CallbackList
+from .early_stopping import EarlyStopping
+from .progress import ProgressBar
+from .projection import LogAlphaProjection
+from .records import History
+from .schedule import LRSchedule
+from .tensorboard import TensorBoard
+
+__all__ = [
+    "Callback",
+    "CallbackList",
+    "EarlyStopping",
+    "History",
+    "LRSchedule",
+    "LogAlphaProjection",
+    "ParameterAveraging",
+    "ProgressBar",
+    "TensorBoard",
+]

@@ -1,0 +1,50 @@
+"""Evaluate (and return) the exponential moving average of the parameters (the paper's code: ``beta = 0.999``)."""
+
+import contextlib
+
+from ..averaging import ParameterAverage
+from .base import Callback
+
+__all__ = ["ParameterAveraging"]
+
+
+class ParameterAveraging(Callback):
+    r"""Keep the bias-corrected moving average of every parameter (:class:`~l0bayes.inference.ParameterAverage`).
+
+    The average is updated after every step; each epoch's record is evaluated with it (its
+    :meth:`evaluation` context swaps it in), and the model holds it when training ends. The raw
+    parameters go on training and are what a checkpoint resumes from; the average itself goes into
+    the checkpoint under ``"ema"``.
+
+    :param float decay: :math:`\beta` in ``[0, 1)``.
+    """
+
+    state_key = "ema"
+
+    def __init__(self, decay):
+        self.decay = decay
+        self.average = None
+
+    def setup(self, run):
+        self.average = ParameterAverage(run.model, self.decay)
+
+    def on_step_end(self, run):
+        self.average.update()
+
+    @contextlib.contextmanager
+    def evaluation(self, run):
+        with self.average.swapped():
+            if self.average.steps:
+                run.objective.finalize_parameters()  # the average of fixed gates is fixed too
+            yield
+
+    def on_fit_end(self, run):
+        if self.average.steps > 0:
+            self.average.copy_to_model()
+            run.objective.finalize_parameters()
+
+    def state_dict(self):
+        return {} if self.average is None else self.average.state_dict()
+
+    def load_state_dict(self, state):
+        self.average.load_state_dict(state)
