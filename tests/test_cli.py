@@ -3,9 +3,11 @@
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -347,3 +349,30 @@ def test_regression_export_predicts_like_the_coefficients(tmp_path):
     torch.testing.assert_close(logits, data.x_test @ coef + bias, atol=1e-5, rtol=1e-5)
     assert float(((logits > 0).long() != data.y_test).double().mean()) == pytest.approx(summary["test"])
     assert metadata["selected"] == summary["selected"] and len(metadata["feature_names"]) == 30
+
+
+def test_readme_seed_0_figure(tmp_path, capsys):
+    """The main job's figures printed in README.md (seed 0) and docs/cli.md (its table) are what a run gives.
+
+    ``l0bayes fit --seed 0`` with every other option at its default (a few seconds); the table of
+    docs/cli.md is compared row by row, except the wall time and the output directory.
+    """
+    root = Path(__file__).resolve().parents[1]
+    readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
+    match = re.search(
+        r"Over seeds 0, 1 and 2 \(`l0bayes fit --seed S`\) it end(?:s|ed) at [^;]*; (?:seed 0: )?(\d+\.\d\d)%", readme
+    )
+    assert match, "README.md: the seed-0 figure of the main job is not where this test looks for it"
+    page = (root / "docs" / "cli.md").read_text(encoding="utf-8")
+    documented = re.search(r"```text\n(l0bayes fit: .*?)```", page, flags=re.DOTALL).group(1).splitlines()
+    assert main(["fit", "--seed", "0", "--no-progress", "--out", str(tmp_path / "run")]) == 0
+    printed = capsys.readouterr().out
+    error = json.loads((tmp_path / "run" / "summary.json").read_text())["test"]
+    assert f"{100 * error:.2f}" == match.group(1), "README.md's seed-0 test error is not what the run gives"
+    table = printed[printed.index("l0bayes fit: ") :].splitlines()
+    moving = ("wall time", "output", "---")  # and the rules, as wide as the widest row
+
+    def rows(lines):
+        return [r for r in lines if not r.startswith(moving)]
+
+    assert rows(table) == rows(documented)
