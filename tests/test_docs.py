@@ -315,11 +315,11 @@ def _pages():
 # distributed.md's script is meant for torchrun on Fashion-MNIST (200 epochs); tests/test_distributed.py
 # runs that path, and test_every_python_block_compiles checks its syntax here.
 NOT_RUN = {"docs/distributed.md"}
-# Pages whose blocks run in the default suite (about 8-10 s of CPU each on the machine of
+# Pages whose blocks run in the default suite (about 8-11 s of CPU each on the machine of
 # benchmarks/RESULTS.md); every other page runs with `pytest -m slow` (CPU seconds there:
-# hard-concrete.md 24, regression.md 15, networks.md 13, getting-started.md 11). A new page is
-# slow until it is listed here.
-FAST = {"README.md", "docs/guide/training.md"}
+# hard-concrete.md 24, regression.md 15, networks.md 13). A new page is slow until it is listed
+# here; getting-started.md is here because the output it prints is compared with the page's.
+FAST = {"README.md", "docs/guide/training.md", "docs/getting-started.md"}
 PAGES_WITH_CODE = [name for name in _pages() if name not in NOT_RUN and _python_blocks(ROOT / name)]
 
 
@@ -340,15 +340,51 @@ def test_no_page_or_docstring_cites_the_working_note():
     assert offenders == []
 
 
+# A ```text block right after the line "<!-- output -->" shows what the ```python block before it
+# prints, exactly: the test compares them. Such a page seeds what its code draws.
+OUTPUT_MARK = "<!-- output -->"
+
+
+def _shown_outputs(page):
+    """``{k: text}``: the output a page shows for its ``k``-th python block (counting from 0)."""
+    shown = {}
+    pieces = re.split(r"^```(python|text)\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.DOTALL | re.MULTILINE)
+    blocks = -1
+    for k in range(1, len(pieces), 3):
+        kind, body, before = pieces[k], pieces[k + 1], pieces[k - 1]
+        if kind == "python":
+            blocks += 1
+        elif before.rstrip().endswith(OUTPUT_MARK):
+            assert blocks >= 0 and blocks not in shown, f"{page.name}: an output block without its own python block"
+            shown[blocks] = body
+    return shown
+
+
 def _run_page(name, tmp_path):
     pytest.importorskip("sklearn")
     script = tmp_path / "page.py"
-    script.write_text("\n\n".join(_python_blocks(ROOT / name)), encoding="utf-8")
+    separator = "@@ l0bayes docs: python block {} @@"
+    blocks = _python_blocks(ROOT / name)
+    script.write_text(
+        "\n\n".join(f"print({separator.format(k)!r}, flush=True)\n{block}" for k, block in enumerate(blocks)),
+        encoding="utf-8",
+    )
     env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env
     )
     assert proc.returncode == 0, f"{name}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    printed = re.split(r"^@@ l0bayes docs: python block \d+ @@\n", proc.stdout, flags=re.MULTILINE)[1:]
+    assert len(printed) == len(blocks), proc.stdout[-2000:]
+    for k, text in _shown_outputs(ROOT / name).items():
+        assert printed[k] == text, f"{name}: python block {k + 1} prints\n{printed[k]}\nthe page shows\n{text}"
+
+
+def test_shown_outputs_are_found():
+    """The pages that show a block's output mark it, and the marks are read (getting-started.md has two)."""
+    assert sorted(_shown_outputs(DOCS / "getting-started.md")) == [0, 2]
+    marked = [name for name in _pages() if OUTPUT_MARK in (ROOT / name).read_text(encoding="utf-8")]
+    assert marked and set(marked) <= set(FAST), "a page whose printed output is checked runs in the default suite"
 
 
 @pytest.mark.parametrize("name", [n for n in PAGES_WITH_CODE if n in FAST])
