@@ -18,7 +18,12 @@ from sklearn.datasets import load_diabetes
 
 import l0bayes
 from l0bayes.analysis import exact_inclusion_probabilities, ols_noise_scale
-from l0bayes.analysis.importance import BernoulliMixture, collapsed_log_marginal, gate_importance_check
+from l0bayes.analysis.importance import (
+    BernoulliMixture,
+    collapsed_log_marginal,
+    gate_importance_check,
+    khat_meaning,
+)
 from l0bayes.inference.single_effects import fit_single_effects
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -121,6 +126,22 @@ def test_diabetes_within_0_1_of_exact_and_reliable(diabetes):
     assert np.abs(res.inclusion_probabilities - exact).max() < 0.1
     assert (res.prior_inclusion, res.slab_scale, res.noise_scale) == (0.5, 1.0, sigma)
     assert "can be trusted" in res.diagnostic
+    # here k-hat is negative (-4.26): the line says what that means, not only that it is <= 0.7
+    assert res.khat < 0 and "negative: the weights' tail is bounded" in res.diagnostic
+
+
+def test_khat_meaning_in_words():
+    """Each range of k-hat is explained: negative (bounded tail, best), < 0.5, 0.5-0.7, > 0.7."""
+    for khat in (-4.26, -0.05, -math.inf):
+        assert khat_meaning(khat).startswith("negative: the weights' tail is bounded, lighter than exponential")
+        assert "best case, reliable" in khat_meaning(khat)
+    assert khat_meaning(0.0) == khat_meaning(0.49) and "finite variance; reliable" in khat_meaning(0.3)
+    for khat in (0.5, 0.6, 0.7):
+        assert "variance is infinite" in khat_meaning(khat) and "reliable" in khat_meaning(khat)
+    for khat in (0.71, 1.5, math.inf):
+        assert khat_meaning(khat).endswith("not reliable")
+    with pytest.raises(ValueError, match="NaN"):
+        khat_meaning(math.nan)
 
 
 def test_diagnostic_flags_the_mean_field_fit_on_diabetes(diabetes):
@@ -135,6 +156,7 @@ def test_diagnostic_flags_the_mean_field_fit_on_diabetes(diabetes):
     assert np.abs(model.inclusion_probabilities().numpy() - exact).max() > 0.3  # the failure being diagnosed
     check = gate_importance_check(model, x, y, seed=0)
     assert check.khat > 0.7 and not check.reliable
+    assert check.meaning == khat_meaning(check.khat) and check.meaning.startswith("above 0.7")
 
 
 def test_known_support_recovered_at_rho_0_9():

@@ -35,15 +35,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..analysis.importance import KHAT_THRESHOLD, importance_check, psis
+from ..analysis.importance import KHAT_THRESHOLD, importance_check, khat_meaning, psis
 from ..distributions import kl_hard_concrete
 from ..inference.single_effects import credible_sets, fit_single_effects
 from ..nn.gates import prior_like
 
 FAMILIES = ("gaussian", "bernoulli")
 UNRELIABLE = (
-    "Pareto k-hat = {khat:.2f} > 0.7: these inclusion probabilities could not be checked against the "
-    "exact posterior; do not trust individual probabilities, trust only the credible sets (if any)."
+    "Pareto k-hat = {khat:.2f} > 0.7 ({meaning}): these inclusion probabilities could not be checked "
+    "against the exact posterior; do not trust individual probabilities, trust only the credible sets (if any)."
 )
 
 
@@ -57,7 +57,10 @@ class SelectionResult:
     :ivar credible_sets: list of arrays of feature indices, each a 95% set that holds one effect
         (Gaussian family; minimum absolute correlation within a set at least 0.5).
     :ivar khat: Pareto :math:`\hat k` of the importance check; ``reliable`` is
-        :math:`\hat k \le 0.7`.
+        :math:`\hat k \le 0.7`. Negative values are the best case: the importance weights have
+        a bounded tail, lighter than exponential. Below 0.5 their variance is finite; from 0.5
+        to 0.7 it is infinite but the smoothed estimate is still reliable; above 0.7 it is not
+        (:func:`~l0bayes.analysis.importance.khat_meaning`, and :attr:`diagnostic` in words).
     :ivar method: how the probabilities were obtained (``"reweighted"`` or ``"variational"``).
     :ivar family: ``"gaussian"`` or ``"bernoulli"``.
     :ivar prior_inclusion: :math:`\pi_0` of the model the probabilities refer to.
@@ -90,13 +93,14 @@ class SelectionResult:
 
     @property
     def diagnostic(self):
-        """One line: when (not) to trust the probabilities."""
+        """One line: when (not) to trust the probabilities, and what the value of k-hat means."""
+        meaning = khat_meaning(self.khat)
         if self.reliable:
             return (
-                f"Pareto k-hat = {self.khat:.2f} <= 0.7: the probabilities are importance-reweighted to the "
-                "exact posterior of the stated model and can be trusted up to Monte Carlo error."
+                f"Pareto k-hat = {self.khat:.2f} <= 0.7 ({meaning}): the probabilities are importance-reweighted "
+                "to the exact posterior of the stated model and can be trusted up to Monte Carlo error."
             )
-        return UNRELIABLE.format(khat=self.khat)
+        return UNRELIABLE.format(khat=self.khat, meaning=meaning)
 
     def selected(self, threshold=0.5):
         """Indices of the features whose inclusion probability exceeds ``threshold`` (median probability model)."""
