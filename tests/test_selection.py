@@ -188,6 +188,35 @@ def test_result_object_inference_data_and_plot(diabetes):
     assert len(ax.patches) == 20 and ax.get_ylabel() == "inclusion probability"
 
 
+def test_selection_plot_explains_its_colours(diabetes):
+    """The legend names each credible set's colour and features, the grey, the open bars and the crosses."""
+    x, y, sigma, exact = diabetes
+    names = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
+    res = l0bayes.select_variables(x, y, prior_inclusion=0.5, slab_scale=1.0, noise_scale=sigma, feature_names=names)
+    assert len(res.credible_sets) >= 2
+    fig, ax = res.plot(exact=exact)
+    legend = ax.get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    for k, members in enumerate(res.credible_sets):
+        label = f"credible set {k + 1}: " + ", ".join(names[j] for j in members)
+        assert label in texts
+        colour = legend.legend_handles[texts.index(label)].get_facecolor()
+        bar = ax.patches[list(np.argsort(-res.inclusion_probabilities)).index(members[0])]
+        assert bar.get_facecolor() == colour  # the legend's colour is the bars' colour
+    assert {
+        "in no credible set",
+        "variational fit (before the check)",
+        "exact",
+        "0.5: median-probability model",
+    } <= set(texts)
+    assert "reweighted" in legend.get_title().get_text()
+    levels = [line.get_ydata()[0] for line in ax.get_lines() if list(line.get_xdata()) == [0, 1]]
+    assert levels == [0.5]
+    ticks = ax.get_xticklabels()  # legible: upright at this size, not 7-point text on its side
+    assert [t.get_text() for t in ticks] == [names[j] for j in np.argsort(-res.inclusion_probabilities)]
+    assert all(t.get_fontsize() >= 9 and t.get_rotation() == 0 for t in ticks)
+
+
 def test_unreliable_result_warns():
     rng = np.random.default_rng(7)
     x = ar1_design(300, 200, 0.9, rng)
