@@ -3,9 +3,11 @@
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -347,3 +349,103 @@ def test_regression_export_predicts_like_the_coefficients(tmp_path):
     torch.testing.assert_close(logits, data.x_test @ coef + bias, atol=1e-5, rtol=1e-5)
     assert float(((logits > 0).long() != data.y_test).double().mean()) == pytest.approx(summary["test"])
     assert metadata["selected"] == summary["selected"] and len(metadata["feature_names"]) == 30
+
+
+def test_readme_seed_0_figure(tmp_path, capsys):
+    """The main job's figures printed in README.md (seed 0) and docs/cli.md (its table) are what a run gives.
+
+    ``l0bayes fit --seed 0`` with every other option at its default (a few seconds); the table of
+    docs/cli.md is compared row by row, except the wall time and the output directory.
+    """
+    root = Path(__file__).resolve().parents[1]
+    readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
+    match = re.search(
+        r"Over seeds 0, 1 and 2 \(`l0bayes fit --seed S`\) it end(?:s|ed) at [^;]*; (?:seed 0: )?(\d+\.\d\d)%", readme
+    )
+    assert match, "README.md: the seed-0 figure of the main job is not where this test looks for it"
+    page = (root / "docs" / "cli.md").read_text(encoding="utf-8")
+    documented = re.search(r"```text\n(l0bayes fit: .*?)```", page, flags=re.DOTALL).group(1).splitlines()
+    assert main(["fit", "--seed", "0", "--no-progress", "--out", str(tmp_path / "run")]) == 0
+    printed = capsys.readouterr().out
+    error = json.loads((tmp_path / "run" / "summary.json").read_text())["test"]
+    assert f"{100 * error:.2f}" == match.group(1), "README.md's seed-0 test error is not what the run gives"
+    table = printed[printed.index("l0bayes fit: ") :].splitlines()
+    moving = ("wall time", "output", "---")  # and the rules, as wide as the widest row
+
+    def rows(lines):
+        return [r for r in lines if not r.startswith(moving)]
+
+    assert rows(table) == rows(documented)
+
+
+def _capture_figures(monkeypatch):
+    """What each figure a run writes shows, per axes: y label, lines, horizontal lines, legend texts."""
+    figures = {}
+
+    def capture(self, name, fig, dpi=110):
+        axes = []
+        for ax in fig.axes:
+            lines = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()]
+            legend = ax.get_legend()
+            axes.append(
+                {
+                    "ylabel": ax.get_ylabel(),
+                    "lines": lines,
+                    "levels": [ys[0] for xs, ys in lines if list(xs) == [0, 1] and len(set(ys)) == 1],  # axhline
+                    "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
+                }
+            )
+        figures[name] = axes
+
+    monkeypatch.setattr("l0bayes.cli.rundir.RunDirectory.write_figure", capture)
+    return figures
+
+
+def test_plots_show_their_references(tmp_path, capsys, monkeypatch):
+    """training.png: dense FLOPs beside the expected FLOPs; gates.png: the 0.5 line, layers named fc1 (not net.fc1)."""
+    figures = _capture_figures(monkeypatch)
+    assert main(["fit", *TINY, "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    training = figures["training.png"]
+    assert [a["ylabel"] for a in training] == ["test error (%)", "expected FLOPs"]
+    # dense 64-16-8-10: two FLOPs per multiply-add, one per bias
+    assert training[1]["levels"] == [summary["flops_dense"]] == [2 * (64 * 16 + 16 * 8 + 8 * 10) + 16 + 8 + 10]
+    assert any("dense" in text and f"{summary['flops_dense']:,}" in text for text in training[1]["legend"])
+    (gates,) = figures["gates.png"]
+    assert gates["levels"] == [0.5] and any("0.5" in text for text in gates["legend"])
+    layers = [text.split(" (")[0] for text in gates["legend"] if not text.startswith("0.5")]
+    assert layers == ["fc1", "fc2", "fc3"]
+
+
+@pytest.mark.filterwarnings("ignore:constrained. the gates are fixed for the final phase")
+def test_constrained_run_plots_density_against_target(tmp_path, capsys, monkeypatch):
+    """A constrained run's training.png has a density panel: expected and test-time density, and the target."""
+    figures = _capture_figures(monkeypatch)
+    argv = ["fit", *TINY, "--epochs", "3", "--objective", "constrained", "--target-density", "0.4"]
+    assert main([*argv, "--out", str(tmp_path / "one")]) == 0
+    density = figures["training.png"][-1]
+    assert len(figures["training.png"]) == 3 and "density" in density["ylabel"]
+    history = json.loads((tmp_path / "one" / "history.json").read_text())
+    curves = [ys for xs, ys in density["lines"] if list(xs) != [0, 1]]
+    assert curves == [[r["constraint"][0] for r in history], [r["test_time_density"] for r in history]]
+    assert density["levels"] == [pytest.approx(0.4)] and "target 0.4" in density["legend"]
+    # one constraint per layer: a colour per layer, named as in --lam, and the (shared) target
+    assert main([*argv, "--per-layer", "--out", str(tmp_path / "layers")]) == 0
+    capsys.readouterr()
+    density = figures["training.png"][-1]
+    assert len([1 for xs, _ in density["lines"] if list(xs) != [0, 1]]) == 6
+    assert density["levels"] == [pytest.approx(0.4)]
+    assert density["legend"][:3] == ["fc1", "fc2", "fc3"] and "target 0.4" in density["legend"]
+
+
+def test_layer_labels():
+    from l0bayes.cli.plots import layer_labels
+
+    assert layer_labels(["net.fc1.gate", "net.fc2.gate"]) == ["fc1", "fc2"]
+    assert layer_labels(["net.fc1.gate"]) == ["fc1"]
+    assert layer_labels(["model.layer1.0.conv1.gate", "model.layer2.0.conv1.gate"]) == [
+        "layer1.0.conv1",
+        "layer2.0.conv1",
+    ]
+    assert layer_labels([""]) == ["gates"] and layer_labels(["fc1", "fc2"]) == ["fc1", "fc2"]

@@ -10,16 +10,19 @@ import functools
 import html
 import http.server
 import importlib.util
+import io
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import urllib.parse
 from pathlib import Path
 
+import chromium_cdp as cdp
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,21 +81,6 @@ def test_site_loads_nothing_from_another_host(site):
     assert "javascripts/mathjax/tex-chtml.js" in (site / "mathematics" / "index.html").read_text(encoding="utf-8")
 
 
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    # Every request to another host goes to a closed local port and fails: the page must render offline.
-    # (Loopback bypasses the proxy, so the local server below is reached directly.)
-    "--proxy-server=127.0.0.1:9",
-    "--virtual-time-budget=20000",  # let MathJax typeset before the DOM is dumped
-)
-
-
 def _serve(directory):
     """A local HTTP server for ``directory`` on a free loopback port (a daemon thread)."""
 
@@ -105,35 +93,105 @@ def _serve(directory):
     return server
 
 
-def test_mathematics_page_renders_offline_in_chromium(site):
-    """Headless Chromium typesets the formulas of the mathematics page with the MathJax shipped in the site."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+# Wait until MathJax has typeset the page and whatever the site's scripts do after that (Material's
+# `document$` handlers) has run, then describe what is on the screen: every typeset character
+# (`mjx-c`) is drawn by a CSS rule of MathJax's CommonHTML output (its `::before` content); a
+# character without that rule has no box and shows nothing, though its `<mjx-container>` is there.
+MATH_STATE = r"""(async () => {
+  const started = Date.now();
+  while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)) {
+    if (Date.now() - started > 30000) throw new Error("MathJax did not start");
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  await MathJax.startup.promise;
+  await new Promise((r) => setTimeout(r, 1000));
+  await MathJax.startup.promise;
+  const root = document.querySelector("article") || document.body;
+  const chars = [...root.querySelectorAll("mjx-container mjx-c")];
+  const drawn = chars.filter((c) => {
+    const box = c.getBoundingClientRect(), content = getComputedStyle(c, "::before").content;
+    return box.width > 0 && box.height > 0 && content !== "none" && content !== "" && content !== '""';
+  });
+  const formula = root.querySelector("div.arithmatex mjx-math") || root.querySelector("mjx-math");
+  if (formula) formula.scrollIntoView({block: "center"});
+  const box = formula ? formula.getBoundingClientRect() : {x: 0, y: 0, width: 0, height: 0};
+  return {
+    formulas: root.querySelectorAll(".arithmatex").length,
+    containers: root.querySelectorAll(".arithmatex mjx-container").length,
+    errors: root.querySelectorAll("mjx-merror").length,
+    tex_left: [...root.querySelectorAll(".arithmatex")].filter((a) => /\\[()\[\]]/.test(a.textContent)).length,
+    chars: chars.length,
+    drawn: drawn.length,
+    display: [box.x + scrollX, box.y + scrollY, box.width, box.height],
+  };
+})()"""
+
+# Material's instant navigation (feature `navigation.instant`) fetches the next page, swaps its
+# content into the current document and emits `document$`; the same, for the page at URL.
+SWAP_TO = """(async (url) => {
+  const fresh = new DOMParser().parseFromString(await (await fetch(url)).text(), "text/html");
+  document.querySelector("article").replaceWith(document.adoptNode(fresh.querySelector("article")));
+  document$.next(document);
+})(%s)"""
+
+
+def _ink(png):
+    """The fraction of dark pixels of a screenshot (formulas are black on white in the light scheme)."""
+    from PIL import Image
+
+    grey = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=float)
+    return float((grey < 128).mean())
+
+
+def _check_rendered(browser, where):
+    """Every formula typeset, and drawn: glyph boxes, and ink on the screen that goes when maths is hidden."""
+    state = browser.evaluate(MATH_STATE)
+    assert state["formulas"] > 0 and state["containers"] == state["formulas"], (where, state)
+    assert state["errors"] == 0 and state["tex_left"] == 0, (where, state)
+    # A few characters are drawn without glyphs (e.g. spaces): allow 10% of them.
+    assert state["chars"] > 0 and state["drawn"] >= 0.9 * state["chars"], (where, state)
+    x, y, width, height = state["display"]
+    assert height > 10 and width > 10, (where, state)  # a blank formula collapses to a few pixels
+    shown = _ink(browser.screenshot(x, y, width, height))
+    browser.evaluate(
+        "document.head.appendChild(document.createElement('style')).textContent = "
+        "'mjx-container { visibility: hidden !important }'; 0"
+    )
+    hidden = _ink(browser.screenshot(x, y, width, height))
+    browser.evaluate("document.head.lastChild.remove(); 0")
+    assert shown > 0.01 and hidden < 0.1 * shown, (where, shown, hidden)
+    return state
+
+
+def test_mathematics_page_renders_offline_in_chromium(site, tmp_path):
+    """Headless Chromium draws the formulas of the pages with the MathJax shipped in the site.
+
+    Over ``file://`` and ``http://``, on first load and after a page swap as Material's instant
+    navigation does it. What is checked is what a reader sees: MathJax's elements being in the page
+    is not enough (with the CSS of its characters gone, every formula is blank space).
+    """
+    chromium = cdp.find_chromium()
     if chromium is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
     if not (site / "javascripts" / "mathjax" / "tex-chtml.js").is_file():
         pytest.skip("the site was built without MathJax (npm is not installed)")
-    source = (site / "mathematics" / "index.html").read_text(encoding="utf-8")
-    formulas = source.count('class="arithmatex"')
+    pytest.importorskip("PIL")
+    formulas = (site / "mathematics" / "index.html").read_text(encoding="utf-8").count('class="arithmatex"')
+    assert formulas > 20
     server = _serve(site)
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
     try:
-        with tempfile.TemporaryDirectory() as profile:
-            url = f"http://127.0.0.1:{server.server_address[1]}/mathematics/"
-            proc = subprocess.run(
-                [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
-                capture_output=True,
-                text=True,
-                timeout=180,
-            )
+        with cdp.Chromium(chromium, tmp_path / "profile") as browser:
+            browser.open((site / "mathematics" / "index.html").as_uri())
+            assert _check_rendered(browser, "file://")["formulas"] == formulas
+            browser.open(base + "mathematics/")
+            assert _check_rendered(browser, "http://")["formulas"] == formulas
+            for page in ("getting-started/", "mathematics/"):
+                browser.evaluate(SWAP_TO % json.dumps(base + page))
+                _check_rendered(browser, f"swapped to {page}")
     finally:
         server.shutdown()
         server.server_close()
-    dom = proc.stdout
-    assert proc.returncode == 0 and "</html>" in dom, proc.stderr[-2000:]
-    rendered = dom.count("<mjx-container")
-    assert formulas > 20 and rendered >= formulas, (formulas, rendered)
-    assert "<mjx-merror" not in dom  # no TeX MathJax could not parse
-    text = html.unescape(re.sub(r"<(script|style)\b.*?</\1>|<[^>]+>", "", dom, flags=re.DOTALL))
-    assert "\\(" not in text and "\\[" not in text  # no formula left as TeX source
 
 
 def _text(path):
@@ -257,11 +315,11 @@ def _pages():
 # distributed.md's script is meant for torchrun on Fashion-MNIST (200 epochs); tests/test_distributed.py
 # runs that path, and test_every_python_block_compiles checks its syntax here.
 NOT_RUN = {"docs/distributed.md"}
-# Pages whose blocks run in the default suite (about 8-10 s of CPU each on the machine of
+# Pages whose blocks run in the default suite (about 8-11 s of CPU each on the machine of
 # benchmarks/RESULTS.md); every other page runs with `pytest -m slow` (CPU seconds there:
-# hard-concrete.md 24, regression.md 15, networks.md 13, getting-started.md 11). A new page is
-# slow until it is listed here.
-FAST = {"README.md", "docs/guide/training.md"}
+# hard-concrete.md 24, regression.md 15, networks.md 13). A new page is slow until it is listed
+# here; getting-started.md is here because the output it prints is compared with the page's.
+FAST = {"README.md", "docs/guide/training.md", "docs/getting-started.md"}
 PAGES_WITH_CODE = [name for name in _pages() if name not in NOT_RUN and _python_blocks(ROOT / name)]
 
 
@@ -282,15 +340,51 @@ def test_no_page_or_docstring_cites_the_working_note():
     assert offenders == []
 
 
+# A ```text block right after the line "<!-- output -->" shows what the ```python block before it
+# prints, exactly: the test compares them. Such a page seeds what its code draws.
+OUTPUT_MARK = "<!-- output -->"
+
+
+def _shown_outputs(page):
+    """``{k: text}``: the output a page shows for its ``k``-th python block (counting from 0)."""
+    shown = {}
+    pieces = re.split(r"^```(python|text)\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.DOTALL | re.MULTILINE)
+    blocks = -1
+    for k in range(1, len(pieces), 3):
+        kind, body, before = pieces[k], pieces[k + 1], pieces[k - 1]
+        if kind == "python":
+            blocks += 1
+        elif before.rstrip().endswith(OUTPUT_MARK):
+            assert blocks >= 0 and blocks not in shown, f"{page.name}: an output block without its own python block"
+            shown[blocks] = body
+    return shown
+
+
 def _run_page(name, tmp_path):
     pytest.importorskip("sklearn")
     script = tmp_path / "page.py"
-    script.write_text("\n\n".join(_python_blocks(ROOT / name)), encoding="utf-8")
+    separator = "@@ l0bayes docs: python block {} @@"
+    blocks = _python_blocks(ROOT / name)
+    script.write_text(
+        "\n\n".join(f"print({separator.format(k)!r}, flush=True)\n{block}" for k, block in enumerate(blocks)),
+        encoding="utf-8",
+    )
     env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env
     )
     assert proc.returncode == 0, f"{name}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    printed = re.split(r"^@@ l0bayes docs: python block \d+ @@\n", proc.stdout, flags=re.MULTILINE)[1:]
+    assert len(printed) == len(blocks), proc.stdout[-2000:]
+    for k, text in _shown_outputs(ROOT / name).items():
+        assert printed[k] == text, f"{name}: python block {k + 1} prints\n{printed[k]}\nthe page shows\n{text}"
+
+
+def test_shown_outputs_are_found():
+    """The pages that show a block's output mark it, and the marks are read (getting-started.md has two)."""
+    assert sorted(_shown_outputs(DOCS / "getting-started.md")) == [0, 2]
+    marked = [name for name in _pages() if OUTPUT_MARK in (ROOT / name).read_text(encoding="utf-8")]
+    assert marked and set(marked) <= set(FAST), "a page whose printed output is checked runs in the default suite"
 
 
 @pytest.mark.parametrize("name", [n for n in PAGES_WITH_CODE if n in FAST])

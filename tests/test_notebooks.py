@@ -5,7 +5,13 @@ variational against exact inclusion on the clear-cut diabetes features, pruned a
 predictions), so a notebook that runs is also a notebook whose statements still hold.
 """
 
+import importlib.util
 import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +21,8 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("arviz")
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 300
 
 
@@ -52,3 +59,63 @@ def test_notebook_executes(path, monkeypatch, tmp_path):
     assert not errors
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert images, f"{path.name} drew no figure"
+
+
+def _documented_nbconvert_commands():
+    """The ``jupyter nbconvert`` command lines of docs/notebooks.md (code blocks and inline code)."""
+    page = (ROOT / "docs" / "notebooks.md").read_text(encoding="utf-8")
+    lines = [
+        line
+        for block in re.findall(r"^```bash\n(.*?)^```", page, re.DOTALL | re.MULTILINE)
+        for line in block.splitlines()
+    ]
+    lines += [span.replace("\n", " ") for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", page)]  # wrapped inline code
+    commands = (" ".join(line.split("#")[0].split()) for line in lines)
+    return sorted({c for c in commands if re.match(r"(\w+=\S+ )*jupyter nbconvert ", c)})
+
+
+def test_documented_nbconvert_commands_run(tmp_path):
+    """The page's commands work with the dev extra: execute a notebook, then clear its outputs in place."""
+    commands = _documented_nbconvert_commands()
+    execute = [c for c in commands if "--execute" in c]
+    clear = [c for c in commands if "--clear-output" in c]
+    assert len(execute) == 1 and len(clear) == 1, commands
+    dev = re.search(r"^dev = \[(.*?)^\]", (ROOT / "pyproject.toml").read_text(), re.DOTALL | re.MULTILINE).group(1)
+    assert re.search(r'"nbconvert\b', dev), "jupyter nbconvert is documented: nbconvert belongs in the dev extra"
+    assert importlib.util.find_spec("nbconvert") is not None, 'nbconvert is not installed: pip install -e ".[dev]"'
+
+    def run(command, cwd):
+        words = shlex.split(command)
+        env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+        while "=" in words[0]:  # VAR=value prefixes
+            name, value = words.pop(0).split("=", 1)
+            env[name] = value
+        assert words[:2] == ["jupyter", "nbconvert"], command
+        args = []
+        for word in words[2:]:  # the shell's glob, and the page's output file moved to tmp_path
+            if word.startswith("/tmp/"):
+                word = str(tmp_path / Path(word).name)
+            args += sorted(str(p) for p in Path(cwd).glob(word)) if "*" in word else [word]
+        proc = subprocess.run(
+            [sys.executable, "-m", "jupyter", "nbconvert", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+
+    run(execute[0], ROOT)
+    executed = list(tmp_path.glob("*.ipynb"))
+    assert len(executed) == 1
+    nb = nbformat.read(executed[0], as_version=4)
+    assert any(c.outputs for c in nb.cells if c.cell_type == "code")
+    # --clear-output --inplace on a copy of notebooks/ whose first notebook has the outputs
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "notebooks", copy / "notebooks")
+    shutil.copy(executed[0], copy / "notebooks" / NOTEBOOKS[0].name)
+    run(clear[0], copy)
+    for path in sorted((copy / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        assert all(c.outputs == [] and c.execution_count is None for c in nb.cells if c.cell_type == "code"), path

@@ -18,7 +18,12 @@ from sklearn.datasets import load_diabetes
 
 import l0bayes
 from l0bayes.analysis import exact_inclusion_probabilities, ols_noise_scale
-from l0bayes.analysis.importance import BernoulliMixture, collapsed_log_marginal, gate_importance_check
+from l0bayes.analysis.importance import (
+    BernoulliMixture,
+    collapsed_log_marginal,
+    gate_importance_check,
+    khat_meaning,
+)
 from l0bayes.inference.single_effects import fit_single_effects
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -121,6 +126,22 @@ def test_diabetes_within_0_1_of_exact_and_reliable(diabetes):
     assert np.abs(res.inclusion_probabilities - exact).max() < 0.1
     assert (res.prior_inclusion, res.slab_scale, res.noise_scale) == (0.5, 1.0, sigma)
     assert "can be trusted" in res.diagnostic
+    # here k-hat is negative (-4.26): the line says what that means, not only that it is <= 0.7
+    assert res.khat < 0 and "negative: the weights' tail is bounded" in res.diagnostic
+
+
+def test_khat_meaning_in_words():
+    """Each range of k-hat is explained: negative (bounded tail, best), < 0.5, 0.5-0.7, > 0.7."""
+    for khat in (-4.26, -0.05, -math.inf):
+        assert khat_meaning(khat).startswith("negative: the weights' tail is bounded, lighter than exponential")
+        assert "best case, reliable" in khat_meaning(khat)
+    assert khat_meaning(0.0) == khat_meaning(0.49) and "finite variance; reliable" in khat_meaning(0.3)
+    for khat in (0.5, 0.6, 0.7):
+        assert "variance is infinite" in khat_meaning(khat) and "reliable" in khat_meaning(khat)
+    for khat in (0.71, 1.5, math.inf):
+        assert khat_meaning(khat).endswith("not reliable")
+    with pytest.raises(ValueError, match="NaN"):
+        khat_meaning(math.nan)
 
 
 def test_diagnostic_flags_the_mean_field_fit_on_diabetes(diabetes):
@@ -135,6 +156,7 @@ def test_diagnostic_flags_the_mean_field_fit_on_diabetes(diabetes):
     assert np.abs(model.inclusion_probabilities().numpy() - exact).max() > 0.3  # the failure being diagnosed
     check = gate_importance_check(model, x, y, seed=0)
     assert check.khat > 0.7 and not check.reliable
+    assert check.meaning == khat_meaning(check.khat) and check.meaning.startswith("above 0.7")
 
 
 def test_known_support_recovered_at_rho_0_9():
@@ -164,6 +186,35 @@ def test_result_object_inference_data_and_plot(diabetes):
     assert idata.selection.attrs["khat"] == res.khat
     fig, ax = res.plot(exact=res.inclusion_probabilities)
     assert len(ax.patches) == 20 and ax.get_ylabel() == "inclusion probability"
+
+
+def test_selection_plot_explains_its_colours(diabetes):
+    """The legend names each credible set's colour and features, the grey, the open bars and the crosses."""
+    x, y, sigma, exact = diabetes
+    names = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
+    res = l0bayes.select_variables(x, y, prior_inclusion=0.5, slab_scale=1.0, noise_scale=sigma, feature_names=names)
+    assert len(res.credible_sets) >= 2
+    fig, ax = res.plot(exact=exact)
+    legend = ax.get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    for k, members in enumerate(res.credible_sets):
+        label = f"credible set {k + 1}: " + ", ".join(names[j] for j in members)
+        assert label in texts
+        colour = legend.legend_handles[texts.index(label)].get_facecolor()
+        bar = ax.patches[list(np.argsort(-res.inclusion_probabilities)).index(members[0])]
+        assert bar.get_facecolor() == colour  # the legend's colour is the bars' colour
+    assert {
+        "in no credible set",
+        "variational fit (before the check)",
+        "exact",
+        "0.5: median-probability model",
+    } <= set(texts)
+    assert "reweighted" in legend.get_title().get_text()
+    levels = [line.get_ydata()[0] for line in ax.get_lines() if list(line.get_xdata()) == [0, 1]]
+    assert levels == [0.5]
+    ticks = ax.get_xticklabels()  # legible: upright at this size, not 7-point text on its side
+    assert [t.get_text() for t in ticks] == [names[j] for j in np.argsort(-res.inclusion_probabilities)]
+    assert all(t.get_fontsize() >= 9 and t.get_rotation() == 0 for t in ticks)
 
 
 def test_unreliable_result_warns():

@@ -21,6 +21,18 @@ fitted shape :math:`\hat k` is the diagnostic of Yao et al. (2018, "Yes, but did
 with :math:`\hat k \le 0.7` the reweighted estimates are reliable; above 0.7 the proposal misses
 posterior mass that matters and neither the proposal's probabilities nor the reweighted ones
 should be trusted.
+
+:math:`\hat k` is the shape of a generalised Pareto distribution fitted to the largest weights,
+so it says how heavy their tail is (:func:`khat_meaning` puts it in words):
+
+* :math:`\hat k < 0`: the tail is *bounded*, lighter than exponential: the weights cannot get
+  much larger than the largest ones drawn. The best case: every moment of the weights is finite
+  and the estimate is reliable. (When the largest weights are tied the fit degenerates and
+  :math:`\hat k = -\infty`, the same case.)
+* :math:`0 \le \hat k < 0.5`: heavier tail, finite variance; reliable.
+* :math:`0.5 \le \hat k \le 0.7`: infinite variance, finite mean; Pareto smoothing still makes
+  the estimate reliable, with more Monte Carlo error for the same number of draws.
+* :math:`\hat k > 0.7`: the tail is too heavy for any practical number of draws; not reliable.
 """
 
 import math
@@ -40,7 +52,8 @@ CHUNK = 128
 class ImportanceCheck:
     r"""Result of :func:`importance_check`.
 
-    :ivar khat: Pareto :math:`\hat k` of the importance weights (reliable when :math:`\le 0.7`).
+    :ivar khat: Pareto :math:`\hat k` of the importance weights (reliable when :math:`\le 0.7`;
+        negative is the best case, a bounded tail: see :func:`khat_meaning`).
     :ivar ess: effective sample size :math:`1 / \sum_s w_s^2` of the smoothed weights.
     :ivar num_draws: number of proposal draws.
     :ivar inclusion: ``(p,)`` reweighted inclusion probabilities :math:`\hat P(\gamma_j = 1 \mid y)`.
@@ -63,6 +76,11 @@ class ImportanceCheck:
     def reliable(self):
         r"""``True`` when :math:`\hat k \le 0.7`."""
         return bool(self.khat <= KHAT_THRESHOLD)
+
+    @property
+    def meaning(self):
+        r"""What :attr:`khat` says, in words (:func:`khat_meaning`)."""
+        return khat_meaning(self.khat)
 
     @property
     def max_shift(self):
@@ -196,6 +214,32 @@ class BernoulliMixture:
             count = count.to(a.dtype)[:, None]
             core = core + count * torch.log(self.bg_prob) + (num_bg - count) * torch.log1p(-self.bg_prob)
         return torch.logsumexp(core + torch.log(self.weights), dim=1)
+
+
+def khat_meaning(khat):
+    r"""What a Pareto :math:`\hat k` of importance weights says, in a few words.
+
+    The shape of the generalised Pareto distribution fitted to the largest weights (Vehtari et
+    al., 2024): negative, a bounded tail (the best case); below 0.5, finite variance; 0.5 to 0.7,
+    infinite variance that Pareto smoothing tames; above 0.7, unreliable.
+
+    :param float khat: the shape; ``-inf`` (a degenerate fit to tied weights) counts as negative.
+    :returns: a phrase such as ``"negative: the weights' tail is bounded, lighter than exponential;
+        the best case, reliable"``.
+    """
+    khat = float(khat)
+    if math.isnan(khat):
+        raise ValueError("khat is NaN: the Pareto fit failed, nothing can be said about the weights")
+    if khat < 0:
+        return "negative: the weights' tail is bounded, lighter than exponential; the best case, reliable"
+    if khat < 0.5:
+        return "below 0.5: the weights have a finite variance; reliable"
+    if khat <= KHAT_THRESHOLD:
+        return (
+            "between 0.5 and 0.7: the weights' variance is infinite, but Pareto smoothing makes the "
+            "estimate reliable, with more Monte Carlo error"
+        )
+    return "above 0.7: the weights' tail is too heavy, the proposal misses posterior mass that matters; not reliable"
 
 
 def psis(log_weights):

@@ -181,6 +181,7 @@ def _finish(cfg, run, data, result, wall):
         title,
         feature_names=metadata.get("feature_names") if regression else None,
         final_metric=(summary["metric"], summary["test"]) if regression else None,
+        dense_flops=summary.get("flops_dense"),
     )
     run.write_json("summary.json", summary_record(summary, wall, dev, extra_summary))
     print(table, flush=True)

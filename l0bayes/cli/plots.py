@@ -1,5 +1,10 @@
 """The plots of a run: ``training.png`` (per epoch) and ``gates.png`` (q(z != 0) of every gate).
 
+``training.png`` has the test metric and the expected FLOPs (with the dense network's FLOPs as a
+reference line), and for a constrained run a third panel: the expected and the test-time density
+against the target. ``gates.png`` marks q(z != 0) = 0.5, the median-probability model's threshold.
+Layers are named as in ``--lam`` (``fc1``, not the model's attribute path ``net.fc1``).
+
 matplotlib (Agg backend) is imported here only; without it :func:`write_plots` returns ``None`` and the
 command says that the plots were skipped.
 """
@@ -11,6 +16,10 @@ OTHER_PANELS = (
     ("expected_l0", "expected L0 (Eq. 16)", 1.0),
     ("free_energy", "objective (nats)", 1.0),
 )
+#: the extra panel of a constrained run: its history records the expected density per constraint
+DENSITY_PANEL = ("constraint", "density of the gated parameters", 1.0)
+#: q(z != 0) above which a gate is in the median-probability model
+MEDIAN_MODEL = 0.5
 
 
 def _recorded(history, key):
@@ -18,18 +27,37 @@ def _recorded(history, key):
 
 
 def training_panels(history, final_metric=None):
-    """The two panels of ``training.png`` as ``(key, label, scale)``, never one without values.
+    """The panels of ``training.png`` as ``(key, label, scale)``, never one without values.
 
     The first is the per-epoch test metric (error, or RMSE for a regression when the history records it);
     when the history has none and ``final_metric`` = ``(name, value)`` is given (a regression, whose
     per-epoch records hold no test metric), the first panel is ``("final", name, value)``: the final
-    model's test metric, drawn at the last epoch.
+    model's test metric, drawn at the last epoch. The second is the first recorded of expected FLOPs,
+    expected L0 and the objective. A constrained run (its history records ``"constraint"``) adds
+    :data:`DENSITY_PANEL`.
     """
     panels = [p for p in TEST_METRICS if _recorded(history, p[0])][:1]
     if not panels and final_metric is not None:
         panels = [("final", *final_metric)]
     panels += [p for p in OTHER_PANELS if _recorded(history, p[0])]
-    return panels[:2]
+    panels = panels[:2]
+    if _recorded(history, DENSITY_PANEL[0]):
+        panels.append(DENSITY_PANEL)
+    return panels
+
+
+def layer_labels(names):
+    """Short names of gated layers for legends: ``"net.fc1.gate"`` -> ``"fc1"``.
+
+    The ``.gate`` suffix goes, and so do the leading components that every name shares (the
+    attribute holding the network, e.g. ``net.``), keeping at least the last component of each.
+    """
+    parts = [[p for p in name.split(".") if p] for name in names]
+    parts = [p[:-1] if len(p) > 1 and p[-1] == "gate" else p for p in parts]
+    common = 0
+    while parts and all(len(p) > common + 1 for p in parts) and len({p[common] for p in parts}) == 1:
+        common += 1
+    return [".".join(p[common:]) or "gates" for p in parts]
 
 
 def _import_pyplot():
@@ -43,13 +71,15 @@ def _import_pyplot():
     return plt
 
 
-def write_plots(history, model, run, title, feature_names=None, final_metric=None):
+def write_plots(history, model, run, title, feature_names=None, final_metric=None, dense_flops=None):
     """Write ``training.png`` and ``gates.png`` into the run directory ``run``.
 
     :param feature_names: names of the inputs of a model with one gate per feature (the regressions):
         ``gates.png`` is then a bar per named feature instead of a sorted curve per layer.
     :param final_metric: ``(name, value)`` of the final model, plotted when the history has no per-epoch
         test metric (see :func:`training_panels`).
+    :param dense_flops: FLOPs per example of the dense network, drawn as a reference line in the
+        expected-FLOPs panel.
     :returns: the names written, or ``None`` when matplotlib is not installed.
     """
     plt = _import_pyplot()
@@ -58,7 +88,7 @@ def write_plots(history, model, run, title, feature_names=None, final_metric=Non
     written = []
     panels = training_panels(history, final_metric)
     if panels and history:
-        _training_figure(plt, history, panels, run, title)
+        _training_figure(plt, history, panels, run, title, dense_flops)
         written.append("training.png")
     from ..nn import gates_of
 
@@ -72,7 +102,7 @@ def write_plots(history, model, run, title, feature_names=None, final_metric=Non
     return written
 
 
-def _training_figure(plt, history, panels, run, title):
+def _training_figure(plt, history, panels, run, title, dense_flops=None):
     epochs = [r["epoch"] for r in history]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (key, label, scale) in zip(axes[0], panels, strict=True):
@@ -81,9 +111,14 @@ def _training_figure(plt, history, panels, run, title):
             ax.annotate(f"{scale:.4f}", (epochs[-1], scale), textcoords="offset points", xytext=(-10, 8))
             ax.set_xlim(0.5, epochs[-1] + 0.5)
             label = f"{label}, final model"
+        elif key == DENSITY_PANEL[0]:
+            _density_panel(ax, history, epochs)
         else:
             values = [float("nan") if r.get(key) is None else scale * r[key] for r in history]
-            ax.plot(epochs, values, marker="o" if len(epochs) < 30 else None)
+            ax.plot(epochs, values, marker="o" if len(epochs) < 30 else None, label=label)
+            if key == "expected_flops" and dense_flops is not None:
+                ax.axhline(dense_flops, color="0.35", ls="--", lw=1, label=f"dense network ({dense_flops:,.0f})")
+                ax.legend(fontsize=8)
         ax.set_xlabel("epoch")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -93,15 +128,63 @@ def _training_figure(plt, history, panels, run, title):
     plt.close(fig)
 
 
+def _density_panel(ax, history, epochs):
+    """A constrained run: expected density (Eq. 12) and test-time density (Eq. 13) against the target.
+
+    One colour per constraint (per layer with ``--per-layer``); the line style says which density.
+    """
+    from matplotlib.lines import Line2D
+
+    records = [r for r in history if r.get(DENSITY_PANEL[0]) is not None]
+    first = records[0]
+    count = len(first["constraint"])
+    targets = first["target_density"]
+    targets = [float(t) for t in targets] if isinstance(targets, list | tuple) else [float(targets)] * count
+    per_layer = list(first.get("test_time_density_per_layer") or {})
+    per_layer = per_layer if count > 1 and len(per_layer) == count else None
+    x = [r["epoch"] for r in records]
+    one_target = len(set(targets)) == 1
+    handles = []
+    for k in range(count):
+        colour = f"C{k}" if count > 1 else "C0"
+        if per_layer:
+            test_time = [r["test_time_density_per_layer"][per_layer[k]] for r in records]
+        else:
+            test_time = [r.get("test_time_density") for r in records]
+        ax.plot(x, [r["constraint"][k] for r in records], color=colour)
+        ax.plot(x, [float("nan") if v is None else v for v in test_time], color=colour, ls=":")
+        if not one_target:
+            ax.axhline(targets[k], color=colour, ls="--", lw=1)
+    if one_target:
+        ax.axhline(targets[0], color="0.2", ls="--", lw=1)
+    if per_layer:
+        handles += [Line2D([], [], color=f"C{k}", label=name) for k, name in enumerate(layer_labels(per_layer))]
+    style = "C0" if count == 1 else "0.3"
+    handles += [
+        Line2D([], [], color=style, label="expected (Eq. 12)"),
+        Line2D([], [], color=style, ls=":", label="test time (Eq. 13)"),
+        Line2D([], [], color="0.2" if one_target else "0.3", ls="--", lw=1, label=_target_text(targets, one_target)),
+    ]
+    ax.set_xlim(epochs[0] - 0.5, epochs[-1] + 0.5)
+    ax.set_ylim(0, 1.02)
+    ax.legend(handles=handles, fontsize=7 if count > 1 else 8, ncol=2 if count > 1 else 1, loc="upper right")
+
+
+def _target_text(targets, one_target):
+    return f"target {targets[0]:g}" if one_target else "targets " + ", ".join(f"{t:g}" for t in targets)
+
+
 def _layer_gates_figure(plt, gates, run, title):
     import torch
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
+    labels = layer_labels([name for name, _ in gates])
     with torch.no_grad():
-        for name, gate in gates:
+        for label, (_, gate) in zip(labels, gates, strict=True):
             q = gate.prob_nonzero().detach().cpu().sort(descending=True).values
             frac = (torch.arange(q.numel()) + 0.5) / q.numel()
-            ax.plot(frac.numpy(), q.numpy(), label=f"{name.removesuffix('.gate') or 'gates'} ({q.numel()})")
+            ax.plot(frac.numpy(), q.numpy(), label=f"{label} ({q.numel()})")
+    ax.axhline(MEDIAN_MODEL, color="0.35", ls="--", lw=1, label="0.5: median-probability model")
     ax.set_xlabel("gates of the layer, sorted (fraction)")
     ax.set_ylabel("q(z != 0)  (Eq. 12)")
     ax.set_ylim(-0.02, 1.02)
@@ -121,10 +204,13 @@ def _feature_gates_figure(plt, gate, feature_names, run, title):
         q = gate.prob_nonzero().detach().cpu().flatten().tolist()
     fig, ax = plt.subplots(figsize=(max(6, 0.32 * len(q) + 1.5), 3.8))
     ax.bar(range(len(q)), q)
+    ax.axhline(MEDIAN_MODEL, color="0.35", ls="--", lw=1, label="0.5: median-probability model")
     ax.set_xticks(range(len(q)))
     ax.set_xticklabels(feature_names, rotation=60 if len(q) > 10 else 0, ha="right" if len(q) > 10 else "center")
     ax.set_ylabel("q(z != 0)  (Eq. 12)")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylim(0, 1.2)  # room for the legend above bars that reach 1
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3, axis="y")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()

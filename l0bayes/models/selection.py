@@ -35,15 +35,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..analysis.importance import KHAT_THRESHOLD, importance_check, psis
+from ..analysis.importance import KHAT_THRESHOLD, importance_check, khat_meaning, psis
 from ..distributions import kl_hard_concrete
 from ..inference.single_effects import credible_sets, fit_single_effects
 from ..nn.gates import prior_like
 
 FAMILIES = ("gaussian", "bernoulli")
 UNRELIABLE = (
-    "Pareto k-hat = {khat:.2f} > 0.7: these inclusion probabilities could not be checked against the "
-    "exact posterior; do not trust individual probabilities, trust only the credible sets (if any)."
+    "Pareto k-hat = {khat:.2f} > 0.7 ({meaning}): these inclusion probabilities could not be checked "
+    "against the exact posterior; do not trust individual probabilities, trust only the credible sets (if any)."
 )
 
 
@@ -57,7 +57,10 @@ class SelectionResult:
     :ivar credible_sets: list of arrays of feature indices, each a 95% set that holds one effect
         (Gaussian family; minimum absolute correlation within a set at least 0.5).
     :ivar khat: Pareto :math:`\hat k` of the importance check; ``reliable`` is
-        :math:`\hat k \le 0.7`.
+        :math:`\hat k \le 0.7`. Negative values are the best case: the importance weights have
+        a bounded tail, lighter than exponential. Below 0.5 their variance is finite; from 0.5
+        to 0.7 it is infinite but the smoothed estimate is still reliable; above 0.7 it is not
+        (:func:`~l0bayes.analysis.importance.khat_meaning`, and :attr:`diagnostic` in words).
     :ivar method: how the probabilities were obtained (``"reweighted"`` or ``"variational"``).
     :ivar family: ``"gaussian"`` or ``"bernoulli"``.
     :ivar prior_inclusion: :math:`\pi_0` of the model the probabilities refer to.
@@ -90,13 +93,14 @@ class SelectionResult:
 
     @property
     def diagnostic(self):
-        """One line: when (not) to trust the probabilities."""
+        """One line: when (not) to trust the probabilities, and what the value of k-hat means."""
+        meaning = khat_meaning(self.khat)
         if self.reliable:
             return (
-                f"Pareto k-hat = {self.khat:.2f} <= 0.7: the probabilities are importance-reweighted to the "
-                "exact posterior of the stated model and can be trusted up to Monte Carlo error."
+                f"Pareto k-hat = {self.khat:.2f} <= 0.7 ({meaning}): the probabilities are importance-reweighted "
+                "to the exact posterior of the stated model and can be trusted up to Monte Carlo error."
             )
-        return UNRELIABLE.format(khat=self.khat)
+        return UNRELIABLE.format(khat=self.khat, meaning=meaning)
 
     def selected(self, threshold=0.5):
         """Indices of the features whose inclusion probability exceeds ``threshold`` (median probability model)."""
@@ -162,27 +166,65 @@ class SelectionResult:
         return idata
 
     def plot(self, ax=None, top=30, exact=None):
-        """Bar chart of the ``top`` largest probabilities (variational as open bars, ``exact`` as crosses if given).
+        """Bar chart of the ``top`` largest inclusion probabilities, with a legend that explains it.
 
-        Returns ``(fig, ax)``; features in the same credible set share a colour.
+        Filled bars are :attr:`inclusion_probabilities`, coloured by credible set (features of one
+        set share a colour; grey: in no set); open bars the fit's own probabilities
+        (:attr:`variational_probabilities`); crosses ``exact`` (e.g. from
+        :func:`~l0bayes.analysis.exact_inclusion_probabilities`) when given; a dashed line the 0.5
+        of the median-probability model. Returns ``(fig, ax)``.
         """
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+
         from ..analysis.plots import _axes
 
-        fig, ax = _axes(ax, figsize=(6.0, 3.5))
-        order = np.argsort(-self.inclusion_probabilities)[: min(top, len(self.feature_names))]
-        colours = np.full(len(self.feature_names), "0.6", dtype=object)
+        shown = min(top, len(self.feature_names))
+        fig, ax = _axes(ax, figsize=(max(7.5, 0.45 * shown + 4.0), 3.8))
+        order = np.argsort(-self.inclusion_probabilities)[:shown]
+        names = [str(self.feature_names[j]) for j in order]
+        colours = np.full(len(self.feature_names), "0.65", dtype=object)
         for k, members in enumerate(self.credible_sets):
             colours[members] = f"C{k % 10}"
-        pos = np.arange(len(order))
-        ax.bar(pos, self.inclusion_probabilities[order], color=list(colours[order]), label=self.method)
-        ax.bar(pos, self.variational_probabilities[order], fill=False, edgecolor="k", lw=0.7, label="variational fit")
+        pos = np.arange(shown)
+        ax.bar(pos, self.inclusion_probabilities[order], color=list(colours[order]), width=0.8)
+        ax.bar(pos, self.variational_probabilities[order], width=0.8, fill=False, edgecolor="k", lw=0.8)
         if exact is not None:
-            ax.plot(pos, np.asarray(exact)[order], "kx", label="exact")
-        ax.set_xticks(pos, [str(self.feature_names[j]) for j in order], rotation=90, fontsize=7)
+            ax.plot(pos, np.asarray(exact)[order], "kx", ms=7, mew=1.5)
+        ax.axhline(0.5, color="0.35", ls="--", lw=1)
+        ax.set_xticks(
+            pos, names, fontsize=9, rotation=0 if shown <= 12 else 60, ha="center" if shown <= 12 else "right"
+        )
+        ax.set_xlim(-0.6, shown - 0.4)
         ax.set_ylim(0, 1.02)
         ax.set_ylabel("inclusion probability")
-        ax.set_title(f"k-hat = {self.khat:.2f} ({'reliable' if self.reliable else 'not checked'})", fontsize=9)
-        ax.legend(fontsize=7)
+        state = "reliable" if self.reliable else "not reliable: the fit's own probabilities"
+        ax.set_title(f"Pareto k-hat = {self.khat:.2f} ({state})", fontsize=10)
+        handles = []
+        on_plot = set(order.tolist())
+        for k, members in enumerate(self.credible_sets):
+            members = [j for j in members.tolist() if j in on_plot]
+            if not members:
+                continue
+            if len(handles) == 8:
+                handles.append(Patch(color="none", label="(more sets: colours repeat)"))
+                break
+            listed = ", ".join(str(self.feature_names[j]) for j in members[:3])
+            listed += f" +{len(members) - 3}" if len(members) > 3 else ""
+            handles.append(Patch(color=f"C{k % 10}", label=f"credible set {k + 1}: {listed}"))
+        handles.append(Patch(color="0.65", label="in no credible set"))
+        handles.append(Patch(fill=False, edgecolor="k", lw=0.8, label="variational fit (before the check)"))
+        if exact is not None:
+            handles.append(Line2D([], [], color="k", marker="x", ms=7, mew=1.5, ls="none", label="exact"))
+        handles.append(Line2D([], [], color="0.35", ls="--", lw=1, label="0.5: median-probability model"))
+        ax.legend(
+            handles=handles,
+            title=f"filled bars: {self.method} probabilities",
+            title_fontsize=8,
+            fontsize=8,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+        )
         return fig, ax
 
 
