@@ -30,6 +30,8 @@ from .optimizers import default_optimizer, describe_optimizer, describe_schedule
 __all__ = ["NonFiniteLossError", "OBJECTIVES", "ParameterAverage", "TrainResult", "resolve_device", "train"]
 
 OBJECTIVES = ("bayes", "penalized", "constrained")
+#: The checkpoint entry holding the run's state when its final phase began (a constrained run's fixed gates).
+BEFORE_FINAL_PHASE = "before_final_phase"
 
 
 @dataclass
@@ -212,7 +214,11 @@ def train(
     :param checkpoint: path of a checkpoint written at the end of every epoch; with ``resume=True``
         training continues from it exactly (same next steps, bit for bit, on the same machine). The
         checkpoint stores the objective, learning rate, batch size and a fingerprint of the data; resuming
-        with any of them changed is a ``ValueError`` naming what differs.
+        with any of them changed is a ``ValueError`` naming what differs. ``epochs`` may change: a resume with
+        more epochs gives the run trained for that many from the start. (The constrained objective's final
+        phase begins later in a longer run, so a checkpoint written during it also keeps the state of the run
+        when it began, and a longer run continues from there; a resume that could not be exact, e.g. fewer
+        epochs past a final phase, is a ``ValueError`` saying which ``epochs`` would be.)
     :param input_shape: input shape (without batch) for the expected FLOPs of a gated network.
     :param distributed: data-parallel training under ``torchrun`` (see :mod:`l0bayes.inference.distributed`):
         ``None`` (default) uses ``DistributedDataParallel`` whenever there are several processes;
@@ -294,8 +300,10 @@ def train(
     signature = {**_run_signature(objective, lr, batch_size, x, y), **run_settings}
     history, start_epoch = [], 0
     average = ParameterAverage(model, ema_decay) if ema_decay is not None else None
+    before_final = None  # the run's state when its final phase began, kept in every later checkpoint
     if resume:
-        state = ddp.load(checkpoint, map_location=device)
+        state = _resume_point(ddp.load(checkpoint, map_location=device), checkpoint, estimator, epochs)
+        before_final = state.get(BEFORE_FINAL_PHASE)
         try:
             _resume(state, checkpoint, ddp, model, (optimizer, schedule), estimator, shuffle, average, seed)
         except ValueError:  # e.g. an optimiser with other parameter groups: say what changed, if anything did
@@ -307,9 +315,16 @@ def train(
     steps = math.ceil(num_data / batch_size)
     step_objective = ddp.wrap(model)  # DistributedDataParallel when data-parallel
     bar = _progress_bar(progress and ddp.is_main, (epochs - start_epoch) * steps, objective)
+    run_objects = _RunObjects(model, optimizer, schedule, estimator, average, shuffle, signature)
 
     for epoch in range(start_epoch, epochs):
         model.train()
+        if checkpoint is not None and epoch == estimator.final_phase_start(epochs):
+            # What a resume to more epochs continues from: its final phase begins later (see _resume_point).
+            rank_rng = ddp.gather(_rng_state()) if ddp.enabled else None
+            if ddp.is_main:
+                state = _run_state(run_objects, history, epoch, ddp, rank_rng)
+                before_final = _cpu_copy(state)
         estimator.start_epoch(epoch, epochs)
         start = time.perf_counter()
         order = ddp.shard(torch.randperm(num_data, generator=shuffle))
@@ -357,13 +372,10 @@ def train(
             shown = ("free_energy", "test_error", "test_rmse")
             bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in shown and v is not None})
         if checkpoint is not None:
-            extra = ddp.checkpoint_extra(ddp.gather(_rng_state())) if ddp.enabled else {}
-            if average is not None:
-                extra["ema"] = average.state_dict()
-            extra.update(objective_state=estimator.state_dict(), run=signature)
-            if schedule is not None:
-                extra["scheduler"] = schedule.state_dict()
-            _save(checkpoint, model, optimizer, estimator.multipliers(), history, epoch + 1, shuffle, extra)
+            state = _run_state(run_objects, history, epoch + 1, ddp, ddp.gather(_rng_state()) if ddp.enabled else None)
+            if before_final is not None:
+                state[BEFORE_FINAL_PHASE] = before_final
+            _save(checkpoint, state)
     if bar is not None:
         bar.close()
     if average is not None and average.steps > 0:
@@ -423,6 +435,81 @@ def _resume(state, checkpoint, ddp, model, optimization, estimator, shuffle, ave
         if "ema" not in state:
             raise ValueError(f"checkpoint {checkpoint!r} holds no parameter average: it was not trained with ema_decay")
         average.load_state_dict(state["ema"])
+
+
+def _resume_point(state, checkpoint, estimator, epochs):
+    """The checkpoint state a run of ``epochs`` epochs resumes from: ``state`` itself or the one it keeps.
+
+    A constrained run fixes its gates for the last ``final_phase`` of its epochs
+    (:meth:`~l0bayes.inference.objectives.ConstrainedObjective.final_phase_start`), so where that phase
+    begins depends on the number of epochs. A checkpoint written during it keeps the state of the run when
+    it began (:data:`BEFORE_FINAL_PHASE`); a resume with more epochs, whose final phase begins later,
+    continues from there and retrains the epochs after it: the same run, bit for bit, as one trained
+    for that many epochs from the start. A resume that cannot be made exact is refused, saying why.
+    """
+    done = int(state["epoch"])
+    begins = estimator.final_phase_start(epochs)
+    saved = state.get("objective_state")
+    if done >= epochs or not isinstance(saved, dict) or saved.get("name") != estimator.name:
+        return state  # nothing to train, or another objective (refused when its state is loaded)
+    began = _final_phase_began(state)
+    if began == begins or (began is None and (begins is None or done <= begins)):
+        return state
+    kept = state.get(BEFORE_FINAL_PHASE)
+    if began is not None and (begins is None or began < begins) and kept is not None:
+        return kept
+    where = f"its final phase begins at epoch {begins + 1}" if begins is not None else "it has no final phase"
+    if began is None:  # the checkpoint went past this run's final phase without one (a shorter run)
+        why = f"the checkpoint is at epoch {done} and its gates were not fixed yet"
+        hint = _fewest_epochs(estimator, done)
+    elif kept is None:  # written by an earlier version, without the state before its final phase
+        why = (
+            f"the checkpoint fixed its gates at epoch {began + 1} and holds no state from before its final phase "
+            "(a checkpoint of an earlier version)"
+        )
+        hint = _epochs_fixing_at(estimator, began)
+    else:
+        why = f"the checkpoint fixed its gates at epoch {began + 1}, later"
+        hint = _fewest_epochs(estimator, began)
+    raise ValueError(
+        f"cannot resume from {checkpoint!r} with epochs={epochs}: the constrained objective fixes the gates for "
+        f"the last final_phase={estimator.final_phase:g} of the epochs, so with {epochs} epochs {where}, but {why}; "
+        f"resuming could not give the run of {epochs} epochs. Resume with {hint}, or train anew"
+    )
+
+
+def _final_phase_began(state):
+    """The epoch (0-based) at which a checkpoint's final phase began, or ``None`` while it has not."""
+    saved = state["objective_state"]
+    if saved.get("fixed") is None:
+        return None
+    if saved.get("fixed_at") is not None:
+        return int(saved["fixed_at"])
+    # A checkpoint of an earlier version: the first record with fixed gates.
+    return next((int(r["epoch"]) - 1 for r in state["history"] if r.get("gates_fixed")), int(state["epoch"]) - 1)
+
+
+def _fewest_epochs(estimator, start):
+    """``"epochs >= E"``: the runs whose final phase begins at epoch ``start`` (0-based) or later."""
+    runs = [e for e in _epochs_up_to(estimator, start) if estimator.final_phase_start(e) >= start]
+    return f"epochs >= {runs[0]}"
+
+
+def _epochs_fixing_at(estimator, start):
+    """``"epochs=E"`` or ``"epochs from E1 to E2"``: the runs whose final phase begins at epoch ``start``."""
+    runs = [e for e in _epochs_up_to(estimator, start) if estimator.final_phase_start(e) == start]
+    if not runs:  # (no final phase in this run)
+        return f"the final_phase the checkpoint was trained with (its gates were fixed at epoch {start + 1})"
+    return f"epochs={runs[0]}" if len(runs) == 1 else f"epochs from {runs[0]} to {runs[-1]}"
+
+
+def _epochs_up_to(estimator, start):
+    """Numbers of epochs from ``start + 1`` past the first whose final phase begins after epoch ``start``."""
+    if estimator.final_phase_start(start + 1) is None:
+        return []
+    # final_phase_start(E) >= (1 - final_phase) E - 1, which exceeds start beyond this E.
+    last = math.ceil((start + 2) / (1 - estimator.final_phase)) + 1
+    return range(start + 1, last + 1)
 
 
 def _run_signature(objective, lr, batch_size, x, y):
@@ -517,17 +604,52 @@ def _free_energy_terms(model, x, y, num_data, kl):
     return FreeEnergy(nll=nll, gate_kl=zero if gate_kl is None else gate_kl, other_kl=zero, code_cost=code_cost)
 
 
-def _save(path, model, optimizer, multipliers, history, epoch, shuffle, extra=None):
+@dataclass
+class _RunObjects:
+    """What a checkpoint saves the state of: the model, optimiser, schedule, objective, average and shuffling."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: object
+    estimator: object
+    average: object
+    shuffle: torch.Generator
+    signature: dict
+
+
+def _run_state(run, history, epoch, ddp, rank_rng=None):
+    """The checkpoint of a run after ``epoch`` epochs (``rank_rng``: every rank's RNG state when data-parallel)."""
     state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "multipliers": multipliers.detach().cpu(),
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "multipliers": run.estimator.multipliers().detach().cpu(),
         "history": history,
         "epoch": epoch,
-        "shuffle": shuffle.get_state(),
+        "shuffle": run.shuffle.get_state(),
         "rng": _rng_state(),
-        **(extra or {}),
     }
+    if rank_rng is not None:
+        state.update(ddp.checkpoint_extra(rank_rng))
+    if run.average is not None:
+        state["ema"] = run.average.state_dict()
+    state.update(objective_state=run.estimator.state_dict(), run=run.signature)
+    if run.schedule is not None:
+        state["scheduler"] = run.schedule.state_dict()
+    return state
+
+
+def _cpu_copy(state):
+    """A copy of a state whose tensors are CPU copies: it stays as it is while training goes on."""
+    if torch.is_tensor(state):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _cpu_copy(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_cpu_copy(v) for v in state)
+    return state
+
+
+def _save(path, state):
     save_checkpoint(path, state)
 
 
