@@ -184,6 +184,14 @@ def test_runtime_errors_are_one_line(tmp_path, capsys):
         assert len(lines) == 1 and message in lines[0], (argv, lines)
 
 
+def test_resume_from_a_text_file_is_a_one_line_error(tmp_path, capsys):
+    assert main([*TINY, "--epochs", "1", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    (tmp_path / "checkpoint.pt").write_bytes(b"hello")  # torch's loader raised KeyError: 101
+    lines = _one_line_error(capsys, main(["fit", "--out", str(tmp_path), "--resume", "--epochs", "2"]))
+    assert len(lines) == 1 and "checkpoint.pt" in lines[0] and "corrupt" in lines[0]
+
+
 def test_compile_on_a_pyro_model_is_a_one_line_error(tmp_path, capsys):
     argv = ["fit", "--model", "linear", "--compile", "--epochs", "1", "--no-progress", "--out", str(tmp_path / "o")]
     lines = _one_line_error(capsys, main(argv))
