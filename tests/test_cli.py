@@ -156,6 +156,8 @@ def _one_line_error(capsys, code):
         ["--model", "linear", "--init", "he"],
         ["--log-alpha-range", "3,1"],
         ["--log-alpha-range", "1,2,3"],
+        ["--seed", str(2**70)],  # was "cannot load data set digits: Overflow when unpacking long long"
+        ["--seed", "-1"],
         ["frobnicate"],
     ],
 )
@@ -163,6 +165,8 @@ def test_bad_arguments(argv, capsys, tmp_path):
     lines = _one_line_error(capsys, main([*argv, "--out", str(tmp_path / "x")] if argv[0] != "frobnicate" else argv))
     assert not (tmp_path / "x").exists()
     assert len([line for line in lines if "error" in line]) == 1
+    if argv[0] == "--seed":
+        assert f"argument --seed: must be a whole number in [0, 2**64), got {argv[1]}" in lines[-1]
 
 
 def test_runtime_errors_are_one_line(tmp_path, capsys):

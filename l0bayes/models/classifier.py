@@ -39,6 +39,9 @@ class SparseClassifier(nn.Module):
     :param prior_inclusion: prior :math:`P(z \ne 0)` of every gate for the Bayesian objective.
     """
 
+    #: The targets :func:`~l0bayes.inference.train` checks for: integer class labels in ``[0, num_classes)``.
+    target_type = "classes"
+
     def __init__(self, net, lam=0.1, weight_decay=0.0, prior_inclusion=0.5):
         super().__init__()
         lams = {f"lam[{k!r}]": v for k, v in lam.items()} if isinstance(lam, dict) else {"lam": lam}
