@@ -72,7 +72,13 @@ def test_a_short_text_file_is_a_checkpoint_error(tmp_path):
         load_pruned(path)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(content=st.binary(min_size=1, max_size=64))
 def test_any_bytes_load_or_raise_a_checkpoint_error(tmp_path, content):
     path = tmp_path / "any.pt"

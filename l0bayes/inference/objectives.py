@@ -371,8 +371,9 @@ def _pyro_loss(loss_fn, model, x, y, num_data):
     try:
         return loss_fn(model.model, model.guide, x, y, num_data)
     except ValueError as err:
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-            raise NonFiniteLossError(f"a parameter became NaN or infinite ({str(err).splitlines()[0]})") from None
+        names = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if names:
+            raise NonFiniteLossError(f"parameters {names} are NaN or infinite ({str(err).splitlines()[0]})") from None
         raise
 
 

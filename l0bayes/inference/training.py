@@ -341,7 +341,10 @@ def train(
             idx = order[step * local_batch : (step + 1) * local_batch]
             xb, yb = x[idx].to(device), y[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss, value, statistics = step_objective(step_function, xb, yb)
+            try:
+                loss, value, statistics = step_objective(step_function, xb, yb)
+            except NonFiniteLossError as err:  # (raised inside the objective: say where)
+                raise NonFiniteLossError(f"{err} at epoch {epoch + 1}, step {step + 1}") from None
             # Means over the ranks (one all-reduce): the global-batch values, identical on every rank.
             loss_mean, value_mean, statistics = ddp.mean(loss, value, statistics)
             if not torch.isfinite(value_mean):
