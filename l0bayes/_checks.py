@@ -82,9 +82,27 @@ BELOW_ZERO = Rule("a finite number < 0", lambda v: np.isfinite(v) & (v < 0))
 ABOVE_ONE = Rule("a finite number > 1", lambda v: np.isfinite(v) & (v > 1))
 COUNT = Rule("a whole number >= 1", lambda v: v >= 1, integer=True)
 SEED = Rule("a whole number >= 0", lambda v: (v >= 0) & (v < 2**64), integer=True)
+NON_NEGATIVE_COUNT = Rule("a whole number >= 0", lambda v: v >= 0, integer=True)
+
+#: Seeds lie in ``[0, SEED_LIMIT)``: what ``torch.manual_seed`` and ``torch.Generator.manual_seed`` accept
+#: (negative seeds are taken modulo ``2**64`` there; here they are refused).
+SEED_LIMIT = 2**64
 
 # The hard concrete stretch and temperature, shared by every module that builds a gate.
 GATE_SHAPE = {"temperature": POSITIVE, "lower": BELOW_ZERO, "upper": ABOVE_ONE}
+
+
+def check_seed(seed, name="seed"):
+    """``seed`` as a Python ``int`` when it is a whole number in ``[0, 2**64)``, exactly (no rounding through a float).
+
+    :raises TypeError: naming ``name`` for anything but an integer (a float, a bool, a string).
+    :raises ValueError: naming ``name`` and the value for an integer outside the range.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{name} must be a whole number in [0, 2**64), got {type(seed).__name__} {seed!r}")
+    if not 0 <= int(seed) < SEED_LIMIT:
+        raise ValueError(f"{name} must be a whole number in [0, 2**64) (what torch.manual_seed accepts), got {seed}")
+    return int(seed)
 
 
 def whole(value):

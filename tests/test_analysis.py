@@ -303,6 +303,20 @@ def test_plot_expected_gate_matches_monte_carlo():
     np.testing.assert_allclose(eq13, _test_gate(np.linspace(-4, 4, 9)), atol=1e-12)
 
 
+@pytest.mark.parametrize("num_samples", [0, -1, 2.5])
+def test_plot_expected_gate_refuses_a_sample_count_below_one(num_samples):
+    # 0 drew NaN curves (a mean over no samples); -1 failed inside torch's expand.
+    with pytest.raises(ValueError, match="plot_expected_gate: num_samples must be a whole number >= 1"):
+        plot_expected_gate(num_samples=num_samples)
+    if num_samples != 0:  # plot_hard_concrete draws no samples for 0
+        with pytest.raises(ValueError, match="plot_hard_concrete: num_samples must be a whole number >= 0"):
+            plot_hard_concrete(num_samples=num_samples)
+    with pytest.raises(ValueError, match=r"plot_expected_gate: seed must be a whole number in \[0, 2\*\*64\)"):
+        plot_expected_gate(num_samples=10, seed=2**70)
+    fig, ax = plot_expected_gate(log_alpha=[0.0], num_samples=1)  # one draw is a mean too
+    assert all(np.isfinite(np.asarray(line.get_ydata(), dtype=float)).all() for line in ax.lines)
+
+
 def test_plot_forest_and_heatmaps(regression, classifier):
     idata = to_inference_data(regression, num_draws=200, feature_names=NAMES)
     fig, ax = plot_inclusion_forest(idata)
@@ -412,6 +426,19 @@ def _log_marginal_mpmath(x, y, subset, tau, sigma):
         yv = mpmath.matrix([mpmath.mpf(float(v)) for v in y])
         quad = (yv.T * mpmath.lu_solve(cov, yv))[0]
         return float(-0.5 * n * mpmath.log(2 * mpmath.pi) - 0.5 * mpmath.log(mpmath.det(cov)) - 0.5 * quad)
+
+
+@pytest.mark.parametrize("noise_scale", [0.7, None])
+def test_exact_inclusion_without_features_is_the_empty_model(noise_scale):
+    # p = 0 failed in a reshape; the one model is the empty one, y ~ N(0, sigma^2 I).
+    y = np.random.default_rng(1).normal(size=12)
+    exact = exact_inclusion_probabilities(np.zeros((12, 0)), y, noise_scale=noise_scale)
+    assert exact.inclusion.shape == (0,) and exact.coef_mean.shape == (0,) and exact.models.shape == (1, 0)
+    np.testing.assert_array_equal(exact.model_probs, [1.0])
+    sigma = noise_scale if noise_scale is not None else math.sqrt(float(y @ y) / 12)
+    normal = -0.5 * 12 * math.log(2 * math.pi * sigma**2) - 0.5 * float(y @ y) / sigma**2
+    assert exact.log_marginal[0] == pytest.approx(normal, rel=1e-12)
+    assert exact.top_models() == [(1.0, [])]
 
 
 def test_exact_inclusion_with_tiny_residual_noise_against_high_precision():

@@ -126,3 +126,101 @@ def test_train_refuses_non_finite_inputs(bad):
     features[2, 1] = bad
     with pytest.raises(ValueError, match="NaN or infinite"):
         train(SparseClassifier(L0MLP(6, (4,), 2)), features, torch.zeros(8, dtype=torch.long), epochs=1, progress=False)
+
+
+def test_too_few_features_name_the_first_layer_and_both_sizes():
+    # With most gates closed the layer gathers the open columns: 6 features for fc1's 8 failed with
+    # "INDICES element is out of DATA bounds".
+    from l0bayes.inference import train
+
+    torch.manual_seed(0)
+    model = SparseClassifier(L0MLP(8, (5,), 3, init_drop_rates=0.9))
+    labels = torch.randint(0, 3, (20,))
+    with pytest.raises(ValueError, match=r"^x has 6 features, but layer fc1 \(L0Linear\) takes in_features=8$"):
+        train(model, torch.randn(20, 6), labels, epochs=1, progress=False)
+    with pytest.raises(ValueError, match=r"^test_data\[0\] has 9 features, but layer fc1 .* in_features=8$"):
+        train(model, torch.randn(20, 8), labels, epochs=1, progress=False, test_data=(torch.randn(4, 9), labels[:4]))
+    with pytest.raises(ValueError, match=r"L0Linear\(in_features=8, out_features=5\) got an input of 6 features"):
+        model.net.train()(torch.randn(20, 6))  # the layer itself, outside train()
+    images = SparseClassifier(L0MLP(64, (5,), 3))
+    with pytest.raises(ValueError, match=r"49 values per example \(shape \(4, 1, 7, 7\)\).*in_features=64"):
+        train(images, torch.randn(4, 1, 7, 7), labels[:4], epochs=1, progress=False)
+
+
+def test_lenet_input_channels_are_checked_up_front():
+    from l0bayes.inference import train
+    from l0bayes.nn import L0LeNet5
+
+    with pytest.raises(ValueError, match=r"x must have shape \(num_data, 1, height, width\) for layer conv1"):
+        train(SparseClassifier(L0LeNet5()), torch.rand(4, 3, 28, 28), torch.zeros(4, dtype=torch.long), epochs=1,
+              progress=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: SparseClassifier(L0MLP(4, (3,), 2)), lambda: SparseLinearRegression(4)],
+    ids=["classifier", "linear"],
+)
+def test_data_of_another_dtype_than_the_model_is_a_type_error(make):
+    # A float64 model given float32 data failed mid-step with "mat1 and mat2 must have the same dtype".
+    from l0bayes.inference import train
+
+    model = make().double()
+    y = torch.randint(0, 2, (10,)) if isinstance(model, SparseClassifier) else torch.randn(10, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"x has dtype torch.float32 but the model's parameters are torch.float64"):
+        train(model, torch.randn(10, 4), y, epochs=1, progress=False)
+    with pytest.raises(TypeError, match=r"x has dtype torch.int64 .*\(x\.to\(torch\.float64\)\)"):
+        train(model, torch.ones(10, 4, dtype=torch.long), y, epochs=1, progress=False)
+
+
+def test_integer_targets_of_a_regression_are_real_numbers():
+    # Negative int64 targets of a linear model were refused with "training labels must lie in [0, None)".
+    from l0bayes.inference import train
+
+    x = torch.randn(30, 4)
+    y = torch.randint(-5, 5, (30,))
+    runs = []
+    for targets in (y, y.float()):
+        torch.manual_seed(0)
+        model = SparseLinearRegression(4)
+        result = train(model, x, targets, epochs=2, batch_size=10, progress=False, test_data=(x, targets))
+        runs.append((model.weight.detach().clone(), [h["mean_loss"] for h in result.history], result.history))
+    assert torch.equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
+    assert runs[0][2][-1]["test_rmse"] == runs[1][2][-1]["test_rmse"]  # an RMSE, not a classification error
+    with pytest.raises(TypeError, match=r"y has dtype torch.bool, but SparseLinearRegression needs real"):
+        train(SparseLinearRegression(4), x, y > 0, epochs=1, progress=False)
+
+
+def test_class_labels_name_the_range_and_the_dtype():
+    from l0bayes.inference import train
+
+    model = SparseClassifier(L0MLP(4, (3,), 3))
+    x = torch.randn(10, 4)
+    with pytest.raises(ValueError, match=r"^y: class labels must lie in \[0, 3\), got range \[-2, 2\]$"):
+        train(model, x, torch.arange(10) % 5 - 2, epochs=1, progress=False)
+    with pytest.raises(TypeError, match=r"y has dtype torch.float32, but SparseClassifier needs integer class labels"):
+        train(model, x, torch.zeros(10), epochs=1, progress=False)
+    with pytest.raises(ValueError, match=r"y: SparseLogisticRegression needs binary labels, 0 or 1, got values in"):
+        train(SparseLogisticRegression(4), x, torch.arange(10) % 3, epochs=1, progress=False)
+
+
+@pytest.mark.parametrize("seed, error", [(2**70, ValueError), (-1, ValueError), (2**64, ValueError), (1.5, TypeError),
+                                         ("3", TypeError), (True, TypeError)])  # fmt: skip
+def test_train_seed_out_of_range_names_the_seed(seed, error):
+    # 2**70 failed in torch.manual_seed with "Overflow when unpacking long long".
+    from l0bayes.data import split_indices
+    from l0bayes.inference import train
+
+    with pytest.raises(error, match=r"^seed must be a whole number in \[0, 2\*\*64\)"):
+        train(SparseLinearRegression(3), torch.randn(10, 3), torch.randn(10), epochs=1, seed=seed, progress=False)
+    with pytest.raises(error, match=r"^seed must be a whole number in \[0, 2\*\*64\)"):
+        split_indices(10, seed=seed)
+
+
+def test_train_accepts_the_largest_seed():
+    from l0bayes.inference import train
+
+    for seed in (0, 2**64 - 1, np.uint64(2**64 - 1)):
+        result = train(SparseLinearRegression(3), torch.randn(10, 3), torch.randn(10), epochs=1, seed=seed,
+                       progress=False)  # fmt: skip
+        assert math.isfinite(result.history[-1]["mean_loss"])

@@ -1,10 +1,15 @@
 """Checkpoints load with ``weights_only=True`` only: a crafted pickle cannot run code, bad files name themselves."""
 
+import io
 import os
+import random
+import warnings
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from l0bayes.inference.checkpoint import (
     CheckpointError,
@@ -13,6 +18,7 @@ from l0bayes.inference.checkpoint import (
     save_checkpoint,
     set_numpy_rng_state,
 )
+from l0bayes.nn import load_pruned
 
 
 class _Exploit:
@@ -54,6 +60,64 @@ def test_corrupt_files_raise_value_error_naming_the_file(tmp_path, content):
     path.write_bytes(content)
     with pytest.raises(ValueError, match="bad.pt"):
         load_checkpoint(path)
+
+
+def test_a_short_text_file_is_a_checkpoint_error(tmp_path):
+    # torch's loader reads it as a legacy pickle and raised a bare KeyError (the byte 'e', 101).
+    path = tmp_path / "notes.pt"
+    path.write_bytes(b"hello")
+    with pytest.raises(CheckpointError, match=r"notes\.pt.*truncated or corrupt"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=r"notes\.pt"):
+        load_pruned(path)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(content=st.binary(min_size=1, max_size=64))
+def test_any_bytes_load_or_raise_a_checkpoint_error(tmp_path, content):
+    path = tmp_path / "any.pt"
+    path.write_bytes(content)
+    try:
+        state = load_checkpoint(path)
+    except CheckpointError as err:
+        assert "any.pt" in str(err)
+    else:
+        assert isinstance(state, dict)
+
+
+def test_damaged_checkpoints_load_or_raise_a_checkpoint_error(tmp_path):
+    # Bytes changed at random in a real checkpoint (both of torch's formats): torch's loader raises KeyError,
+    # IndexError, struct.error, AssertionError, UnicodeDecodeError, ... for some of them.
+    path = tmp_path / "c.pt"
+    state = {"epoch": 3, "w": torch.arange(6.0), "history": [{"loss": 1.5}]}
+    originals = []
+    for zipped in (True, False):
+        buffer = io.BytesIO()
+        torch.save(state, buffer, _use_new_zipfile_serialization=zipped)
+        originals.append(buffer.getvalue())
+    rng = random.Random(0)
+    errors = set()
+    for _ in range(150):
+        data = bytearray(rng.choice(originals))
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        path.write_bytes(bytes(data[: rng.randint(1, len(data))] if rng.random() < 0.3 else data))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's warnings about unusual pickle protocols
+                loaded = load_checkpoint(path)
+        except CheckpointError as err:
+            assert "c.pt" in str(err)
+            errors.add(str(err).split("(")[-1].split(":")[0])
+        else:
+            assert isinstance(loaded, dict)
+    assert len(errors) >= 3  # several kinds of damage were met
 
 
 def test_truncated_checkpoint(tmp_path):

@@ -158,6 +158,8 @@ def _one_line_error(capsys, code):
         ["--model", "linear", "--init", "he"],
         ["--log-alpha-range", "3,1"],
         ["--log-alpha-range", "1,2,3"],
+        ["--seed", str(2**70)],  # was "cannot load data set digits: Overflow when unpacking long long"
+        ["--seed", "-1"],
         ["frobnicate"],
     ],
 )
@@ -165,6 +167,8 @@ def test_bad_arguments(argv, capsys, tmp_path):
     lines = _one_line_error(capsys, main([*argv, "--out", str(tmp_path / "x")] if argv[0] != "frobnicate" else argv))
     assert not (tmp_path / "x").exists()
     assert len([line for line in lines if "error" in line]) == 1
+    if argv[0] == "--seed":
+        assert f"argument --seed: must be a whole number in [0, 2**64), got {argv[1]}" in lines[-1]
 
 
 def test_runtime_errors_are_one_line(tmp_path, capsys):
@@ -184,6 +188,14 @@ def test_runtime_errors_are_one_line(tmp_path, capsys):
         argv = argv if "--out" in argv else [*argv, "--out", str(tmp_path / "out")]
         lines = _one_line_error(capsys, main([*TINY, *argv]))
         assert len(lines) == 1 and message in lines[0], (argv, lines)
+
+
+def test_resume_from_a_text_file_is_a_one_line_error(tmp_path, capsys):
+    assert main([*TINY, "--epochs", "1", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    (tmp_path / "checkpoint.pt").write_bytes(b"hello")  # torch's loader raised KeyError: 101
+    lines = _one_line_error(capsys, main(["fit", "--out", str(tmp_path), "--resume", "--epochs", "2"]))
+    assert len(lines) == 1 and "checkpoint.pt" in lines[0] and "corrupt" in lines[0]
 
 
 def test_compile_on_a_pyro_model_is_a_one_line_error(tmp_path, capsys):

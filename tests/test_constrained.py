@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from l0bayes.inference import ConstrainedObjective, constrained_summary, train
+from l0bayes.inference.checkpoint import load_checkpoint, save_checkpoint
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP, density
 
@@ -151,9 +152,9 @@ def test_resume_is_bit_exact_for_every_objective(objective, tmp_path, monkeypatc
     straight = train(straight_model, x, y, **kw)
     save = training._save
 
-    def save_then_interrupt(path, model, optimizer, multipliers, history, epoch, *args):
-        save(path, model, optimizer, multipliers, history, epoch, *args)
-        if epoch == 2:
+    def save_then_interrupt(path, state):
+        save(path, state)
+        if state["epoch"] == 2:
             raise KeyboardInterrupt
 
     monkeypatch.setattr(training, "_save", save_then_interrupt)
@@ -170,6 +171,88 @@ def test_resume_is_bit_exact_for_every_objective(objective, tmp_path, monkeypatc
     assert [h["mean_loss"] for h in straight.history] == [h["mean_loss"] for h in resumed.history]
     if objective == "constrained":
         assert [h["gates_fixed"] for h in resumed.history] == [False, False, True, True]
+
+
+def _same_run(a_model, a, b_model, b):
+    for p, q in zip(a_model.state_dict().values(), b_model.state_dict().values(), strict=True):
+        assert torch.equal(p, q)
+    assert torch.equal(a.multipliers, b.multipliers)
+    assert [h["mean_loss"] for h in a.history] == [h["mean_loss"] for h in b.history]
+    assert [h["gates_fixed"] for h in a.history] == [h["gates_fixed"] for h in b.history]
+
+
+@pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
+@pytest.mark.parametrize("first, then", [(2, 4), (2, 3), (10, 11)])
+def test_resume_to_more_epochs_is_the_longer_run(first, then, tmp_path):
+    # The final phase (the last 10% of the epochs, rounded up) of a run of `first` epochs begins earlier than that
+    # of `then` epochs for (2, 4) and (2, 3): the resume goes back to the state its checkpoint keeps from before the
+    # final phase. For (10, 11) both begin at epoch 10 and the resume continues from the checkpoint itself.
+    x, y = _sparse_regression()
+    kw = dict(objective="constrained", target_density=0.3, batch_size=50, lr=0.05, seed=3, progress=False)
+    torch.manual_seed(0)
+    straight_model = SparseLinearRegression(10)
+    straight = train(straight_model, x, y, epochs=then, **kw)
+    ckpt = str(tmp_path / "ckpt.pt")
+    torch.manual_seed(0)
+    short = train(SparseLinearRegression(10), x, y, epochs=first, checkpoint=ckpt, **kw)
+    assert short.history[-1]["gates_fixed"]  # the shorter run ended in its final phase
+    torch.manual_seed(99)
+    resumed_model = SparseLinearRegression(10)
+    resumed = train(resumed_model, x, y, epochs=then, checkpoint=ckpt, resume=True, **kw)
+    _same_run(straight_model, straight, resumed_model, resumed)
+    assert [h["epoch"] for h in resumed.history] == list(range(1, then + 1))
+    # ... and the checkpoint it leaves extends exactly again
+    torch.manual_seed(0)
+    longer_model = SparseLinearRegression(10)
+    longer = train(longer_model, x, y, epochs=then + 3, **kw)
+    again_model = SparseLinearRegression(10)
+    again = train(again_model, x, y, epochs=then + 3, checkpoint=ckpt, resume=True, **kw)
+    _same_run(longer_model, longer, again_model, again)
+
+
+@pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
+def test_a_resume_that_cannot_be_exact_is_refused_saying_why(tmp_path):
+    x, y = _sparse_regression()
+    ckpt = str(tmp_path / "ckpt.pt")
+    kw = dict(objective="constrained", target_density=0.3, batch_size=50, lr=0.05, seed=3, progress=False)
+    # Without a final phase 4 epochs leave the gates free; a run of 5 epochs with final_phase=0.5 fixes them from
+    # epoch 3: the checkpoint is past that point.
+    train(SparseLinearRegression(10), x, y, epochs=4, final_phase=0.0, checkpoint=ckpt, **kw)
+    with pytest.raises(ValueError, match=r"ckpt.pt.*epochs=5.*final phase begins at epoch 3.*epochs >= 8"):
+        train(SparseLinearRegression(10), x, y, epochs=5, final_phase=0.5, checkpoint=ckpt, resume=True, **kw)
+    # The final phase of 4 epochs at 0.5 begins at epoch 3; one of 5 epochs at 0.9 at epoch 1, earlier.
+    train(SparseLinearRegression(10), x, y, epochs=4, final_phase=0.5, checkpoint=ckpt, **kw)
+    with pytest.raises(ValueError, match=r"fixed its gates at epoch 3, later.*epochs >= 20"):
+        train(SparseLinearRegression(10), x, y, epochs=5, final_phase=0.9, checkpoint=ckpt, resume=True, **kw)
+    # A checkpoint of an earlier version, without the state from before its final phase.
+    state = load_checkpoint(ckpt)
+    del state["before_final_phase"], state["objective_state"]["fixed_at"]
+    save_checkpoint(ckpt, state)
+    with pytest.raises(
+        ValueError, match=r"fixed its gates at epoch 3 .*earlier version.*epochs from 4 to 5, or train anew"
+    ):
+        train(SparseLinearRegression(10), x, y, epochs=6, final_phase=0.5, checkpoint=ckpt, resume=True, **kw)
+    train(SparseLinearRegression(10), x, y, epochs=4, final_phase=0.5, checkpoint=ckpt, resume=True, **kw)  # done
+
+
+@pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
+def test_cli_resume_to_more_epochs_is_the_longer_run(tmp_path, capsys):
+    import json
+
+    pytest.importorskip("sklearn")
+    from l0bayes.cli import main
+
+    argv = ["fit", "--objective", "constrained", "--target-density", "0.5", "--hidden", "16,8", "--no-progress"]
+    assert main([*argv, "--epochs", "4", "--out", str(tmp_path / "straight")]) == 0
+    assert main([*argv, "--epochs", "2", "--out", str(tmp_path / "run")]) == 0
+    assert main(["fit", "--out", str(tmp_path / "run"), "--resume", "--epochs", "4", "--no-progress"]) == 0
+
+    def numbers(name):
+        history = json.loads((tmp_path / name / "history.json").read_text())
+        return [{k: v for k, v in r.items() if k != "wall_s"} for r in history]
+
+    assert numbers("run") == numbers("straight")
+    assert [r["gates_fixed"] for r in numbers("run")] == [False, False, False, True]
 
 
 def test_resume_with_a_changed_run_is_refused(tmp_path):

