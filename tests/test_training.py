@@ -172,8 +172,8 @@ def test_regression_records_test_rmse_each_epoch():
 def test_record_free_energy_equals_pyro_traces(kl):
     # The end-of-epoch record takes the model's fused losses; Pyro's traces of model and guide
     # (free_energy) are the reference, for the same gate draws.
+    from l0bayes.inference.callbacks.records import _free_energy_terms
     from l0bayes.inference.free_energy import free_energy
-    from l0bayes.inference.training import _free_energy_terms
 
     torch.manual_seed(0)
     model = SparseClassifier(L0MLP(6, (5, 4), 3), lam=0.3, weight_decay=0.01).double().train()

@@ -25,7 +25,11 @@ class Run:
     :ivar objective: the :class:`~l0bayes.inference.objectives.Objective` (loss and its own state).
     :ivar batches: ``batches(run)`` gives the epoch's ``(x, y)`` minibatches on the device.
     :ivar step: ``step(x, y) -> (loss, value, statistics)``: the objective on one minibatch, ``value`` the
-        differentiable quantity to minimise, ``statistics`` what the objective's update takes.
+        differentiable quantity to minimise, ``statistics`` what the objective's update takes; it raises
+        :class:`~l0bayes.inference.NonFiniteLossError` for a NaN or infinite objective (one check per step,
+        where the step can read its value; :func:`~l0bayes.inference.train`'s step checks the value averaged
+        over data-parallel ranks, so that every rank stops alike).
+    :ivar schedule: the learning-rate schedule, if any (stepped by a callback).
     :ivar epochs: the last epoch to train (exclusive, 0-based ``epoch`` runs up to ``epochs - 1``).
     :ivar epoch: the current epoch (0-based); after a resume, the first epoch still to train.
     :ivar global_step: optimiser steps taken so far in this call.
@@ -42,6 +46,7 @@ class Run:
     num_data: int
     device: torch.device
     steps_per_epoch: int | None = None
+    schedule: object = None
     epoch: int = 0
     global_step: int = 0
     history: list = field(default_factory=list)
@@ -60,7 +65,8 @@ class Run:
 def fit(run, callbacks=None):
     """Train ``run`` from ``run.epoch`` to ``run.epochs``, calling ``callbacks`` (or ``run.callbacks``) on the way.
 
-    :raises NonFiniteLossError: when a step's objective is NaN or infinite (before its backward pass).
+    :raises NonFiniteLossError: when ``run.step`` raises it (a NaN or infinite objective, before its backward
+        pass), with the epoch and step.
     :returns: ``run``.
     """
     if callbacks is not None:
@@ -81,19 +87,19 @@ def _epochs(run, hooks):
         run.model.train()
         run.epoch_loss, run.epoch_steps = 0.0, 0
         hooks.on_epoch_start(run)
+        run.objective.start_epoch(run.epoch, run.epochs)
         for x, y in run.batches(run):
             run.optimizer.zero_grad(set_to_none=True)
-            loss, value, statistics = run.step(x, y)
-            if not torch.isfinite(value):
-                raise NonFiniteLossError(
-                    f"non-finite objective ({float(value)}) at epoch {run.epoch + 1}, step {run.epoch_steps + 1}; "
-                    "lower the learning rate or check the data"
-                )
+            try:
+                loss, value, statistics = run.step(x, y)
+            except NonFiniteLossError as err:  # say where
+                where = f"at epoch {run.epoch + 1}, step {run.epoch_steps + 1}"
+                raise NonFiniteLossError(f"{err} {where}; lower the learning rate or check the data") from None
             value.backward()
             run.optimizer.step()
             run.objective.update(statistics)
             run.last_loss = loss.detach()
-            run.epoch_loss = run.epoch_loss + run.last_loss
+            run.epoch_loss = run.epoch_loss + run.last_loss.double()
             run.epoch_steps += 1
             run.global_step += 1
             hooks.on_step_end(run)

@@ -1,40 +1,41 @@
 """One training entry point: SVI on Eq. 21, the penalised Eq. 22, or constrained sparsity (slides).
 
-:func:`train` is one short loop over an :class:`~l0bayes.inference.objectives.Objective` (one small
-object per objective, as Pyro's ``SVI`` holds an ELBO); data-parallel training, checkpoints and parameter
-averaging live in :mod:`~l0bayes.inference.distributed`, :mod:`~l0bayes.inference.checkpoint` and
-:mod:`~l0bayes.inference.averaging`.
+:func:`train` builds a :class:`~l0bayes.inference.loop.Run` from its arguments (the data, an
+:class:`~l0bayes.inference.objectives.Objective`, the optimiser) and the callbacks they ask for
+(:mod:`~l0bayes.inference.callbacks`: history, checkpoints, parameter averaging, ``log_alpha`` projection,
+schedule, progress), restores a checkpoint when resuming (:mod:`~l0bayes.inference.resume`), and runs the
+short loop of :func:`~l0bayes.inference.loop.fit`. Data-parallel training lives in
+:mod:`~l0bayes.inference.distributed`.
 """
 
-import contextlib
-import math
-import random
-import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
-from torch import nn
 
-from .._checks import check_seed
-from ..nn.gates import gates_of
-from ..nn.layers import L0Conv2d, L0Linear
-from ..utils import all_finite
+from .arguments import OBJECTIVES, check_arguments
 from .averaging import ParameterAverage
-from .checkpoint import numpy_rng_state, save_checkpoint, set_numpy_rng_state
-from .compiled import CompiledStep, requirement_error
+from .batches import make_batches
+from .callbacks import (
+    CallbackList,
+    Checkpointing,
+    FiniteParameters,
+    History,
+    LogAlphaProjection,
+    LRSchedule,
+    ParameterAveraging,
+    ProgressBar,
+)
+from .compiled import CompiledStep
+from .data_checks import check_data
 from .device import resolve_device
-from .distributed import DataParallelContext
+from .distributed import DataParallelContext, seed_everything
 from .errors import NonFiniteLossError
-from .free_energy import FreeEnergy, free_energy
+from .loop import Run, fit
 from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, make_objective
-from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr, step_scheduler
+from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr
+from .resume import check_signature, resume_point, run_signature
 
 __all__ = ["NonFiniteLossError", "OBJECTIVES", "ParameterAverage", "TrainResult", "resolve_device", "train"]
-
-OBJECTIVES = ("bayes", "penalized", "constrained")
-#: The checkpoint entry holding the run's state when its final phase began (a constrained run's fixed gates).
-BEFORE_FINAL_PHASE = "before_final_phase"
 
 
 @dataclass
@@ -46,127 +47,10 @@ class TrainResult:
     multipliers: torch.Tensor | None = None
 
 
-def _is_number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) or (torch.is_tensor(v) and v.numel() == 1)
-
-
-def _finite_positive(v):
-    return _is_number(v) and math.isfinite(float(v)) and float(v) > 0
-
-
-def _density_ok(v):
-    if v is None:
-        return False
-    t = torch.as_tensor(v, dtype=torch.float64)
-    return t.numel() >= 1 and bool(((t > 0) & (t <= 1)).all())
-
-
-# Every argument check of train() in one place: (applies when, holds when, message: a template or a function of
-# the arguments). `a` holds the arguments.
-_ARGUMENT_RULES = (
-    (
-        lambda a: True,
-        lambda a: a["objective"] in OBJECTIVES,
-        "objective must be one of {OBJECTIVES}, got {objective!r}",
-    ),
-    (
-        lambda a: True,
-        lambda a: _is_number(a["epochs"]) and int(a["epochs"]) >= 0,
-        "epochs must be >= 0, got {epochs!r}",
-    ),
-    (
-        lambda a: True,
-        lambda a: _is_number(a["batch_size"]) and int(a["batch_size"]) >= 1,
-        "batch_size must be >= 1, got {batch_size!r}",
-    ),
-    (lambda a: True, lambda a: _finite_positive(a["lr"]), "lr must be a finite number > 0, got {lr!r}"),
-    (
-        lambda a: True,
-        lambda a: _is_number(a["record_every"]) and int(a["record_every"]) >= 1,
-        "record_every must be >= 1, got {record_every!r}",
-    ),
-    (
-        lambda a: a["objective"] == "constrained",
-        lambda a: _density_ok(a["target_density"]),
-        "constrained training needs target_density in (0, 1], got {target_density!r}",
-    ),
-    (
-        lambda a: a["objective"] == "constrained" and a["multiplier_lr"] is not None,
-        lambda a: (
-            _is_number(a["multiplier_lr"]) and math.isfinite(float(a["multiplier_lr"])) and a["multiplier_lr"] >= 0
-        ),
-        "multiplier_lr must be a finite number >= 0, got {multiplier_lr!r}",
-    ),
-    (
-        lambda a: a["objective"] == "constrained",
-        lambda a: _is_number(a["final_phase"]) and 0 <= float(a["final_phase"]) < 1,
-        "final_phase must lie in [0, 1), got {final_phase!r}",
-    ),
-    (
-        lambda a: a["log_alpha_range"] is not None,
-        lambda a: len(a["log_alpha_range"]) == 2 and float(a["log_alpha_range"][0]) < float(a["log_alpha_range"][1]),
-        "log_alpha_range must be (low, high) with low < high, got {log_alpha_range!r}",
-    ),
-    (
-        lambda a: a["ema_decay"] is not None,
-        lambda a: _is_number(a["ema_decay"]) and 0.0 <= float(a["ema_decay"]) < 1.0,
-        "ema_decay must lie in [0, 1), got {ema_decay!r}",
-    ),
-    (
-        lambda a: a["resume"],
-        lambda a: a["checkpoint"] is not None,
-        "resume=True needs checkpoint= (the file to resume from)",
-    ),
-    (
-        lambda a: True,
-        lambda a: isinstance(a["compile"], bool),
-        "compile must be True or False, got {compile!r}",
-    ),
-    (
-        lambda a: a["compile"] is True and a["objective"] in OBJECTIVES,
-        lambda a: requirement_error(a["model"], a["objective"]) is None,
-        lambda a: requirement_error(a["model"], a["objective"]),
-    ),
-    (
-        lambda a: a["optimizer"] is not None,
-        lambda a: callable(a["optimizer"]),
-        "optimizer must be a factory model -> torch.optim.Optimizer (or None), got {optimizer!r}",
-    ),
-    (
-        lambda a: a["scheduler"] is not None,
-        lambda a: callable(a["scheduler"]),
-        "scheduler must be a factory optimizer -> LRScheduler (or None), got {scheduler!r}",
-    ),
-)
-# Checks of the data: (holds when, error type, message).
-_DATA_RULES = (
-    (lambda x, y: torch.is_tensor(x) and (y is None or torch.is_tensor(y)), TypeError, "x and y must be torch tensors"),
-    (
-        lambda x, y: y is not None,
-        ValueError,
-        "y is None: train() needs targets (labels or responses) for every row of x",
-    ),
-    (lambda x, y: x.dim() >= 1 and x.shape[0] > 0, ValueError, "the training data is empty (x has no rows)"),
-)
-# (The checks of the data against the model, shapes, dtypes, the first layer's size and the labels, are in
-# _check_data, for the training and the test data.)
-
-
-def _check_arguments(args, x, y):
-    """Raise the first failed rule of :data:`_ARGUMENT_RULES` and :data:`_DATA_RULES`."""
-    for applies, holds, message in _ARGUMENT_RULES:
-        if applies(args) and not holds(args):
-            raise ValueError(message(args) if callable(message) else message.format(OBJECTIVES=OBJECTIVES, **args))
-    args["seed"] = check_seed(args["seed"])  # (torch.manual_seed raised "Overflow when unpacking long long")
-    for holds, error, message in _DATA_RULES:
-        if not holds(x, y):
-            raise error(message)
-
-
 def train(
     model,
     x,
-    y,
+    y=None,
     objective="bayes",
     epochs=10,
     batch_size=100,
@@ -190,6 +74,8 @@ def train(
     optimizer=None,
     scheduler=None,
     compile=False,
+    callbacks=(),
+    num_data=None,
 ):
     r"""Train a sparse model with minibatch Adam, or the optimiser and schedule a factory builds.
 
@@ -198,8 +84,12 @@ def train(
         :class:`~l0bayes.models.SparseClassifier`), that fast path is used for the penalised and
         constrained objectives, and if it has ``bayes_loss`` (the same free energy as
         ``TraceMeanField_ELBO`` for the same draws, computed directly), that one for ``"bayes"``.
-    :param x, y: the full training set (tensors; ``y`` is required); minibatches of ``batch_size`` are
-        drawn each epoch and the data term is scaled by ``N/B`` (``pyro.plate`` subsampling).
+        Any gated network with a loss of your own: :class:`~l0bayes.models.SparseModel`.
+    :param x, y: the full training set as tensors (minibatches of ``batch_size`` are drawn each epoch), or
+        ``x`` an iterable of ``(x, y)`` batches that can be iterated once per epoch, such as a
+        ``torch.utils.data.DataLoader`` (its own order and augmentation; ``y=None``, ``batch_size`` unused).
+        The data term is scaled by ``N/B`` (``pyro.plate`` subsampling).
+    :param num_data: ``N`` for an iterable of batches that is not a ``DataLoader`` over a sized dataset.
     :param str objective: ``"bayes"``: SVI on the free energy of Eq. 21 with
         ``TraceMeanField_ELBO`` (analytic gate KL, code cost as a factor); ``"penalized"``:
         Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to a density of at most
@@ -264,270 +154,109 @@ def train(
         steps pay the compilation (seconds to tens of seconds), conditional computation is off, and the
         values agree with the eager step up to rounding; see ``docs/guide/training.md``, "Compiling the
         training step".
+    :param callbacks: more :class:`~l0bayes.inference.callbacks.Callback` objects (e.g.
+        :class:`~l0bayes.inference.callbacks.TensorBoard`, :class:`~l0bayes.inference.callbacks.EarlyStopping`,
+        your own), called after the ones ``train`` builds from its arguments (history, schedule, progress)
+        and before the checkpoint, which saves their state: a resume continues them too.
     :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
         L0, expected FLOPs, test error, multipliers and densities, wall time, and ``lr``: the step size of
         each of the optimiser's parameter groups during that epoch).
     :raises NonFiniteLossError: when the objective or a parameter becomes NaN or infinite.
     """
     arguments = dict(locals())
-    _check_arguments(arguments, x, y)
-    seed = arguments["seed"]  # a Python int
-    x, y = _check_data(model, x, y, ("x", "y"))
+    check_arguments(arguments, x, y)
+    if torch.is_tensor(x):
+        x, y = check_data(model, x, y, ("x", "y"))
     if test_data is not None:
-        if not (isinstance(test_data, (tuple, list)) and len(test_data) == 2):
-            raise TypeError(f"test_data must be a pair (x_test, y_test) of tensors, got {type(test_data).__name__}")
-        test_data = _check_data(model, *test_data, ("test_data[0]", "test_data[1]"))
-
+        arguments["test_data"] = _test_data(model, test_data)
     ddp = DataParallelContext(distributed, device)
     if compile and ddp.enabled:
         raise ValueError("compile=True is not supported with data-parallel training; leave compile off under torchrun")
-    device = ddp.device
-    gate_seed = ddp.seed(seed)  # differs between ranks: each draws its own gates
-    torch.manual_seed(gate_seed)
-    np.random.seed(gate_seed % 2**32)
-    random.seed(gate_seed)
-    model.to(device)
-    num_data = x.shape[0]
-    batch_size = min(int(batch_size), num_data)
-    local_batch = ddp.local_batch_size(batch_size)
-    optimizer, schedule, run_settings = _build_optimizer(model, lr, optimizer, scheduler)
-    gate_step = run_settings.pop("gate_lr")  # not part of the signature: the optimiser's description holds it
-    multiplier_lr = MULTIPLIER_LR_PER_LR * gate_step if multiplier_lr is None else multiplier_lr
-    estimator = make_objective(
-        objective,
-        model,
-        num_data,
-        target_density=target_density,
-        per_layer=per_layer,
-        multiplier_lr=multiplier_lr,
-        dual_restarts=dual_restarts,
-        final_phase=final_phase,
-    )
-    step_function = CompiledStep(estimator) if compile else estimator.step
-    shuffle = torch.Generator().manual_seed(seed)
-    signature = {**_run_signature(objective, lr, batch_size, x, y), **run_settings}
-    history, start_epoch = [], 0
-    average = ParameterAverage(model, ema_decay) if ema_decay is not None else None
-    before_final = None  # the run's state when its final phase began, kept in every later checkpoint
+    seed_everything(ddp.seed(arguments["seed"]))  # the gate seed differs between ranks: each draws its own gates
+    model.to(ddp.device)
+    run, settings = _build_run(model, x, y, arguments, ddp)
+    checkpointing = Checkpointing(checkpoint, ddp, settings) if checkpoint is not None else None
+    run.callbacks = _callbacks(run, arguments, checkpointing)
+    run.callbacks.setup(run)
     if resume:
-        state = _resume_point(ddp.load(checkpoint, map_location=device), checkpoint, estimator, epochs)
-        before_final = state.get(BEFORE_FINAL_PHASE)
-        try:
-            _resume(state, checkpoint, ddp, model, (optimizer, schedule), estimator, shuffle, average, seed)
-        except ValueError:  # e.g. an optimiser with other parameter groups: say what changed, if anything did
-            _check_signature(state, signature, checkpoint)
-            raise
-        _check_signature(state, signature, checkpoint)
-        history, start_epoch = state["history"], state["epoch"]
-    projection = _log_alpha_projection(model, log_alpha_range)
-    steps = math.ceil(num_data / batch_size)
-    step_objective = ddp.wrap(model)  # DistributedDataParallel when data-parallel
-    bar = _progress_bar(progress and ddp.is_main, (epochs - start_epoch) * steps, objective)
-    run_objects = _RunObjects(model, optimizer, schedule, estimator, average, shuffle, signature)
-
-    for epoch in range(start_epoch, epochs):
-        model.train()
-        if checkpoint is not None and epoch == estimator.final_phase_start(epochs):
-            # What a resume to more epochs continues from: its final phase begins later (see _resume_point).
-            rank_rng = ddp.gather(_rng_state()) if ddp.enabled else None
-            if ddp.is_main:
-                state = _run_state(run_objects, history, epoch, ddp, rank_rng)
-                before_final = _cpu_copy(state)
-        estimator.start_epoch(epoch, epochs)
-        start = time.perf_counter()
-        order = ddp.shard(torch.randperm(num_data, generator=shuffle))
-        total_loss = 0.0
-        for step in range(steps):
-            idx = order[step * local_batch : (step + 1) * local_batch]
-            xb, yb = x[idx].to(device), y[idx].to(device)
-            optimizer.zero_grad(set_to_none=True)
-            try:
-                loss, value, statistics = step_objective(step_function, xb, yb)
-            except NonFiniteLossError as err:  # (raised inside the objective: say where)
-                raise NonFiniteLossError(f"{err} at epoch {epoch + 1}, step {step + 1}") from None
-            # Means over the ranks (one all-reduce): the global-batch values, identical on every rank.
-            loss_mean, value_mean, statistics = ddp.mean(loss, value, statistics)
-            if not torch.isfinite(value_mean):
-                raise NonFiniteLossError(
-                    f"non-finite objective ({float(value_mean)}) at epoch {epoch + 1}, step {step + 1}; "
-                    "lower the learning rate or check the data"
-                )
-            value.backward()
-            optimizer.step()
-            projection()
-            if average is not None:
-                average.update()
-            estimator.update(statistics)
-            total_loss += float(loss_mean)
-            if bar is not None:
-                bar.update(1)
-        _check_parameters(model, epoch)
-        step_sizes = [float(g["lr"]) for g in optimizer.param_groups]  # those of this epoch
-        step_scheduler(schedule, total_loss / steps)
-        if not ddp.is_main:  # rank 0 records, reports and writes; the others only train
-            if checkpoint is not None:
-                ddp.gather(_rng_state())
-            continue
-        full = (epoch + 1) % int(record_every) == 0 or epoch + 1 == epochs
-        record = {"epoch": epoch + 1, "mean_loss": total_loss / steps, "wall_s": time.perf_counter() - start}
-        record["lr"] = step_sizes
-        with average.swapped() if average is not None else contextlib.nullcontext():
-            if average is not None:
-                estimator.finalize_parameters()  # the average of fixed gates is fixed too
-            record.update(estimator.record())
-            if full:
-                record.update(_full_record(model, x, y, estimator, batch_size, device, test_data, input_shape))
-        record["full_record"] = full
-        history.append(record)
-        if bar is not None:
-            shown = ("free_energy", "test_error", "test_rmse")
-            bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in shown and v is not None})
-        if checkpoint is not None:
-            state = _run_state(run_objects, history, epoch + 1, ddp, ddp.gather(_rng_state()) if ddp.enabled else None)
-            if before_final is not None:
-                state[BEFORE_FINAL_PHASE] = before_final
-            _save(checkpoint, state)
-    if bar is not None:
-        bar.close()
-    if average is not None and average.steps > 0:
-        average.copy_to_model()
-        estimator.finalize_parameters()
-    ddp.close()
-    if not ddp.is_main:
-        history = []
-    return TrainResult(model=model, history=history, multipliers=estimator.multipliers())
+        _restore(run, checkpointing, arguments)
+    try:
+        fit(run)
+    finally:
+        ddp.close()
+    return TrainResult(model=model, history=run.history if ddp.is_main else [], multipliers=run.objective.multipliers())
 
 
-def _progress_bar(show, total, desc):
-    if not show:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="step", leave=False)
-
-
-def _log_alpha_projection(model, log_alpha_range):
-    """A function projecting every gate's ``log_alpha`` onto ``[low, high]`` after a step (a no-op for ``None``)."""
-    if log_alpha_range is None:
-        return lambda: None
-    low, high = (float(v) for v in log_alpha_range)
-    log_alphas = [g.log_alpha for _, g in gates_of(model)]
-
-    @torch.no_grad()
-    def project():
-        torch._foreach_clamp_min_(log_alphas, low)
-        torch._foreach_clamp_max_(log_alphas, high)
-
-    return project
-
-
-def _check_parameters(model, epoch):
-    """Refuse to go on (or to return) with a NaN or infinite parameter, e.g. a ``log_alpha`` pushed to infinity."""
-    params = [p.detach() for p in model.parameters()]
-    if params and not all(bool(torch.isfinite(p).all()) for p in params):
-        names = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
-        raise NonFiniteLossError(f"parameters {names} became NaN or infinite in epoch {epoch + 1}")
-
-
-def _resume(state, checkpoint, ddp, model, optimization, estimator, shuffle, average, seed):
-    """Load the checkpoint's ``state`` into the run's objects (``optimization``: optimiser and schedule)."""
-    optimizer, schedule = optimization
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    if schedule is not None and "scheduler" in state:
-        schedule.load_state_dict(state["scheduler"])
-    if "objective_state" in state:
-        estimator.load_state_dict(state["objective_state"])
-    elif estimator.name == "constrained":  # a checkpoint written before objects held their state
-        estimator.mu = state["multipliers"].to(next(model.parameters()).device)
-    shuffle.set_state(state["shuffle"])
-    ddp.restore_rng(state, seed, _set_rng_state)
-    if average is not None:
-        if "ema" not in state:
-            raise ValueError(f"checkpoint {checkpoint!r} holds no parameter average: it was not trained with ema_decay")
-        average.load_state_dict(state["ema"])
-
-
-def _resume_point(state, checkpoint, estimator, epochs):
-    """The checkpoint state a run of ``epochs`` epochs resumes from: ``state`` itself or the one it keeps.
-
-    A constrained run fixes its gates for the last ``final_phase`` of its epochs
-    (:meth:`~l0bayes.inference.objectives.ConstrainedObjective.final_phase_start`), so where that phase
-    begins depends on the number of epochs. A checkpoint written during it keeps the state of the run when
-    it began (:data:`BEFORE_FINAL_PHASE`); a resume with more epochs, whose final phase begins later,
-    continues from there and retrains the epochs after it: the same run, bit for bit, as one trained
-    for that many epochs from the start. A resume that cannot be made exact is refused, saying why.
-    """
-    done = int(state["epoch"])
-    begins = estimator.final_phase_start(epochs)
-    saved = state.get("objective_state")
-    if done >= epochs or not isinstance(saved, dict) or saved.get("name") != estimator.name:
-        return state  # nothing to train, or another objective (refused when its state is loaded)
-    began = _final_phase_began(state)
-    if began == begins or (began is None and (begins is None or done <= begins)):
-        return state
-    kept = state.get(BEFORE_FINAL_PHASE)
-    if began is not None and (begins is None or began < begins) and kept is not None:
-        return kept
-    where = f"its final phase begins at epoch {begins + 1}" if begins is not None else "it has no final phase"
-    if began is None:  # the checkpoint went past this run's final phase without one (a shorter run)
-        why = f"the checkpoint is at epoch {done} and its gates were not fixed yet"
-        hint = _fewest_epochs(estimator, done)
-    elif kept is None:  # written by an earlier version, without the state before its final phase
-        why = (
-            f"the checkpoint fixed its gates at epoch {began + 1} and holds no state from before its final phase "
-            "(a checkpoint of an earlier version)"
+def _test_data(model, test_data):
+    """``test_data`` checked against the model: a pair of tensors, or an iterable of batches (used as given)."""
+    if isinstance(test_data, (tuple, list)):
+        if len(test_data) != 2:
+            raise TypeError(f"test_data must be a pair (x_test, y_test) of tensors, got {type(test_data).__name__}")
+        return check_data(model, *test_data, ("test_data[0]", "test_data[1]"))
+    if torch.is_tensor(test_data) or not hasattr(test_data, "__iter__"):
+        raise TypeError(
+            f"test_data must be a pair (x_test, y_test) of tensors or an iterable of (x, y) batches, "
+            f"got {type(test_data).__name__}"
         )
-        hint = _epochs_fixing_at(estimator, began)
-    else:
-        why = f"the checkpoint fixed its gates at epoch {began + 1}, later"
-        hint = _fewest_epochs(estimator, began)
-    raise ValueError(
-        f"cannot resume from {checkpoint!r} with epochs={epochs}: the constrained objective fixes the gates for "
-        f"the last final_phase={estimator.final_phase:g} of the epochs, so with {epochs} epochs {where}, but {why}; "
-        f"resuming could not give the run of {epochs} epochs. Resume with {hint}, or train anew"
-    )
+    return test_data
 
 
-def _final_phase_began(state):
-    """The epoch (0-based) at which a checkpoint's final phase began, or ``None`` while it has not."""
-    saved = state["objective_state"]
-    if saved.get("fixed") is None:
-        return None
-    if saved.get("fixed_at") is not None:
-        return int(saved["fixed_at"])
-    # A checkpoint of an earlier version: the first record with fixed gates.
-    return next((int(r["epoch"]) - 1 for r in state["history"] if r.get("gates_fixed")), int(state["epoch"]) - 1)
+def _build_run(model, x, y, a, ddp):
+    """The :class:`~l0bayes.inference.loop.Run` of ``train``'s arguments ``a``, and the run's signature."""
+    batches = make_batches(x, y, a["batch_size"], a["seed"], ddp, a["num_data"])
+    optimizer, schedule, settings = _build_optimizer(model, a["lr"], a["optimizer"], a["scheduler"])
+    gate_step = settings.pop("gate_lr")  # not part of the signature: the optimiser's description holds it
+    multiplier_lr = MULTIPLIER_LR_PER_LR * gate_step if a["multiplier_lr"] is None else a["multiplier_lr"]
+    constrained = {k: a[k] for k in ("target_density", "per_layer", "dual_restarts", "final_phase")}
+    objective = make_objective(a["objective"], model, batches.num_data, multiplier_lr=multiplier_lr, **constrained)
+    step = _step(ddp.wrap(model), CompiledStep(objective) if a["compile"] else objective.step, ddp)
+    run = Run(model, optimizer, objective, batches, step, int(a["epochs"]), batches.num_data, ddp.device)
+    run.steps_per_epoch, run.is_main, run.schedule = batches.steps_per_epoch, ddp.is_main, schedule
+    signature = run_signature(a["objective"], a["lr"], batches.batch_size, x, y)
+    return run, {**signature, **settings}
 
 
-def _fewest_epochs(estimator, start):
-    """``"epochs >= E"``: the runs whose final phase begins at epoch ``start`` (0-based) or later."""
-    runs = [e for e in _epochs_up_to(estimator, start) if estimator.final_phase_start(e) >= start]
-    return f"epochs >= {runs[0]}"
+def _step(step_objective, step_function, ddp):
+    """One minibatch's ``(loss, value, statistics)``: the objective (inside DDP when data-parallel), with the
+    loss and statistics averaged over the ranks and a non-finite objective refused on every rank alike."""
+
+    def step(x, y):
+        loss, value, statistics = step_objective(step_function, x, y)
+        # Means over the ranks (one all-reduce): the global-batch values, identical on every rank.
+        loss_mean, value_mean, statistics = ddp.mean(loss, value, statistics)
+        if not torch.isfinite(value_mean):
+            raise NonFiniteLossError(f"non-finite objective ({float(value_mean)})")
+        return loss_mean, value, statistics
+
+    return step
 
 
-def _epochs_fixing_at(estimator, start):
-    """``"epochs=E"`` or ``"epochs from E1 to E2"``: the runs whose final phase begins at epoch ``start``."""
-    runs = [e for e in _epochs_up_to(estimator, start) if estimator.final_phase_start(e) == start]
-    if not runs:  # (no final phase in this run)
-        return f"the final_phase the checkpoint was trained with (its gates were fixed at epoch {start + 1})"
-    return f"epochs={runs[0]}" if len(runs) == 1 else f"epochs from {runs[0]} to {runs[-1]}"
+def _callbacks(run, a, checkpointing):
+    """The callbacks ``train``'s arguments ``a`` ask for, then the user's, then the checkpoint."""
+    built = [FiniteParameters()]
+    if a["log_alpha_range"] is not None:
+        built.append(LogAlphaProjection(*a["log_alpha_range"]))
+    if a["ema_decay"] is not None:
+        built.append(ParameterAveraging(a["ema_decay"]))
+    built.append(History(run.batches.record_subset(), a["test_data"], a["input_shape"], a["record_every"]))
+    if run.schedule is not None:
+        built.append(LRSchedule(run.schedule))
+    if a["progress"]:
+        built.append(ProgressBar(a["objective"]))
+    built += list(a["callbacks"])
+    return CallbackList(built + ([checkpointing] if checkpointing is not None else []))
 
 
-def _epochs_up_to(estimator, start):
-    """Numbers of epochs from ``start + 1`` past the first whose final phase begins after epoch ``start``."""
-    if estimator.final_phase_start(start + 1) is None:
-        return []
-    # final_phase_start(E) >= (1 - final_phase) E - 1, which exceeds start beyond this E.
-    last = math.ceil((start + 2) / (1 - estimator.final_phase)) + 1
-    return range(start + 1, last + 1)
-
-
-def _run_signature(objective, lr, batch_size, x, y):
-    """What must not change when a run is resumed: objective, learning rate, batch size and the data."""
-    with torch.no_grad():
-        data = [list(x.shape), float(x.sum(dtype=torch.float64)), list(y.shape), float(y.sum(dtype=torch.float64))]
-    return {"objective": objective, "lr": float(lr), "batch_size": int(batch_size), "data": data}
+def _restore(run, checkpointing, a):
+    """Continue from the checkpoint (or the state it keeps, for more epochs), checking that the run is the same."""
+    path = a["checkpoint"]
+    state = resume_point(checkpointing.ddp.load(path, map_location=run.device), path, run.objective, run.epochs)
+    try:
+        checkpointing.restore(run, state, a["seed"])
+    except ValueError:  # e.g. an optimiser with other parameter groups: say what changed, if anything did
+        check_signature(state, checkpointing.signature, path)
+        raise
+    check_signature(state, checkpointing.signature, path)
 
 
 def _build_optimizer(model, lr, optimizer, scheduler):
@@ -545,296 +274,3 @@ def _build_optimizer(model, lr, optimizer, scheduler):
         raise TypeError(f"scheduler= must return a learning-rate scheduler, got {type(schedule).__name__}")
     settings["scheduler"] = describe_scheduler(schedule)
     return built, schedule, settings
-
-
-def _check_signature(state, signature, checkpoint):
-    saved = state.get("run")
-    if saved is None:  # written before checkpoints stored it
-        return
-    # Entries a checkpoint of an earlier version lacks (the optimiser, the schedule) are not compared.
-    keys = [k for k in signature if k in saved]
-    changed = [c for k in keys for c in _differences(k, saved[k], signature[k])]
-    if changed:
-        raise ValueError(f"cannot resume from {checkpoint!r}: the run changed: {'; '.join(changed)}")
-
-
-def _differences(name, old, new):
-    """``["name.key old -> new", ...]`` for every leaf where two plain containers differ."""
-    if name == "data":
-        return [] if old == new else ["data (shape or values of x, y)"]
-    if isinstance(old, dict) and isinstance(new, dict) and old.get("type") == new.get("type"):
-        return [c for k in sorted(set(old) | set(new)) for c in _differences(f"{name}.{k}", old.get(k), new.get(k))]
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [c for k, (a, b) in enumerate(zip(old, new, strict=True)) for c in _differences(f"{name}[{k}]", a, b)]
-    if isinstance(old, dict) and "type" in old or isinstance(new, dict) and "type" in new:  # another class
-        kinds = [v.get("type") if isinstance(v, dict) else v for v in (old, new)]
-        return [f"{name} {kinds[0]} -> {kinds[1]}"]
-    return [] if old == new else [f"{name} {old!r} -> {new!r}"]
-
-
-def _full_record(model, x, y, estimator, batch_size, device, test_data, input_shape):
-    """Every free-energy term on a fixed subset of the training set, the gates, test error and expected FLOPs.
-
-    The RNG state is restored afterwards so that recording does not change the training draws.
-    """
-    record = {}
-    rng_state = torch.get_rng_state()
-    take = min(x.shape[0], max(batch_size, 1000))
-    with torch.no_grad():
-        xb, yb = x[:take].to(device), y[:take].to(device)
-        terms = _free_energy_terms(model, xb, yb, x.shape[0], estimator.kl)
-    torch.set_rng_state(rng_state)
-    record.update(terms.as_dict())
-    gates = gates_of(model)
-    record["expected_l0"] = float(sum(g.expected_l0() for _, g in gates).detach())
-    record["active_gates"] = [int(g.active().sum()) for _, g in gates]
-    if test_data is not None:
-        record["test_error"] = _error_rate(model, test_data[0], test_data[1], 1000, device)
-        rmse = _test_rmse(model, test_data[0], test_data[1], device)
-        if rmse is not None:
-            record["test_rmse"] = rmse
-    if input_shape is not None:
-        record.update(_flops_record(model, input_shape))
-    return record
-
-
-def _free_energy_terms(model, x, y, num_data, kl):
-    """:func:`free_energy` of the model and guide, through the model's own fused losses when it has them.
-
-    ``bayes_loss`` / ``penalized_loss`` give the same terms for the same draws in one pass over the
-    gates instead of Pyro's traces (the record is then a few percent of a small epoch, not a third).
-    """
-    fused = "bayes_loss" if kl else "penalized_loss"
-    if not hasattr(model, fused) or not model.training:
-        return free_energy(model.model, model.guide, x, y, num_data, kl=kl)
-    if kl:
-        nll, gate_kl, code_cost = model.bayes_loss(x, y, num_data)
-    else:
-        (nll, code_cost), gate_kl = model.penalized_loss(x, y, num_data), None
-    zero = torch.zeros_like(nll)
-    return FreeEnergy(nll=nll, gate_kl=zero if gate_kl is None else gate_kl, other_kl=zero, code_cost=code_cost)
-
-
-@dataclass
-class _RunObjects:
-    """What a checkpoint saves the state of: the model, optimiser, schedule, objective, average and shuffling."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    schedule: object
-    estimator: object
-    average: object
-    shuffle: torch.Generator
-    signature: dict
-
-
-def _run_state(run, history, epoch, ddp, rank_rng=None):
-    """The checkpoint of a run after ``epoch`` epochs (``rank_rng``: every rank's RNG state when data-parallel)."""
-    state = {
-        "model": run.model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "multipliers": run.estimator.multipliers().detach().cpu(),
-        "history": history,
-        "epoch": epoch,
-        "shuffle": run.shuffle.get_state(),
-        "rng": _rng_state(),
-    }
-    if rank_rng is not None:
-        state.update(ddp.checkpoint_extra(rank_rng))
-    if run.average is not None:
-        state["ema"] = run.average.state_dict()
-    state.update(objective_state=run.estimator.state_dict(), run=run.signature)
-    if run.schedule is not None:
-        state["scheduler"] = run.schedule.state_dict()
-    return state
-
-
-def _cpu_copy(state):
-    """A copy of a state whose tensors are CPU copies: it stays as it is while training goes on."""
-    if torch.is_tensor(state):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {k: _cpu_copy(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_cpu_copy(v) for v in state)
-    return state
-
-
-def _save(path, state):
-    save_checkpoint(path, state)
-
-
-def _check_data(model, x, y, names):
-    """Clear errors, before the first step, for data the model cannot train on; returns ``(x, y)`` to train on.
-
-    Integer labels of a classifier become ``int64`` and integer responses of a regression the model's dtype
-    (the data are otherwise used as given: ``x`` must have the dtype of the model's parameters).
-
-    :param names: the arguments' names for the messages, ``("x", "y")`` or ``("test_data[0]", "test_data[1]")``.
-    """
-    xn, yn = names
-    if not torch.is_tensor(x) or not torch.is_tensor(y):
-        kinds = ", ".join(type(v).__name__ for v in (x, y))
-        raise TypeError(f"{xn} and {yn} must be torch tensors, got {kinds}")
-    if x.dim() < 2:
-        raise ValueError(f"{xn} must have one row per example, shape (num_data, ...), got shape {tuple(x.shape)}")
-    if x.shape[0] == 0:
-        raise ValueError(f"{xn} has no rows: the data are empty")
-    if y.dim() == 0 or y.shape[0] != x.shape[0]:
-        rows = y.shape[0] if y.dim() else "none (a scalar)"
-        raise ValueError(f"{xn} has {x.shape[0]} rows but {yn} has {rows}")
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-    if dtype is not None and x.dtype != dtype:
-        raise TypeError(
-            f"{xn} has dtype {x.dtype} but the model's parameters are {dtype}: convert one to the other "
-            f"({xn}.to({dtype}) or model.to({x.dtype}))"
-            if x.is_floating_point()
-            else f"{xn} has dtype {x.dtype} but the model's parameters are {dtype}: convert it ({xn}.to({dtype}))"
-        )
-    _check_features(model, x, xn)
-    if not all_finite(x):
-        raise ValueError(f"{xn} contains NaN or infinite values")
-    return x, _check_targets(model, x, y, dtype, names)
-
-
-def _check_features(model, x, xn):
-    """``x`` fits the model's first layer: a regression's ``num_features``, a sequential network's first layer."""
-    num_features = getattr(model, "num_features", None)
-    if num_features is not None:
-        if x.dim() != 2 or x.shape[1] != num_features:
-            raise ValueError(
-                f"{xn} must have shape (num_data, {num_features}) for {type(model).__name__}(num_features="
-                f"{num_features}), got {tuple(x.shape)}"
-            )
-        return
-    first = _first_layer(getattr(model, "net", model))
-    if first is None:
-        return
-    name, layer, flattens = first
-    kind = f"layer {name} ({type(layer).__name__})"
-    if hasattr(layer, "in_features"):
-        size = x[0].numel() if flattens else x.shape[-1]
-        if size != layer.in_features:
-            what = f"{size} features" if x.dim() == 2 else f"{size} values per example (shape {tuple(x.shape)})"
-            raise ValueError(f"{xn} has {what}, but {kind} takes in_features={layer.in_features}")
-    elif x.dim() != 4 or x.shape[1] != layer.in_channels:
-        raise ValueError(
-            f"{xn} must have shape (num_data, {layer.in_channels}, height, width) for {kind} with in_channels="
-            f"{layer.in_channels}, got {tuple(x.shape)}"
-        )
-
-
-def _first_layer(net):
-    """``(name, layer, flattens)``: the first linear or 2-d convolution of a sequential network (``None`` otherwise).
-
-    ``flattens``: an ``nn.Flatten`` comes first. Other structures (residual blocks, custom modules) are left
-    to the layers' own checks.
-    """
-    path, flattens = [], False
-    while isinstance(net, nn.Sequential):
-        children = list(net.named_children())
-        while children and isinstance(children[0][1], nn.Flatten):
-            if (children[0][1].start_dim, children[0][1].end_dim) != (1, -1):
-                return None
-            flattens = True
-            children = children[1:]
-        if not children:
-            return None
-        path.append(children[0][0])
-        net = children[0][1]
-    if isinstance(net, (nn.Linear, L0Linear)):
-        return ".".join(path), net, flattens
-    if isinstance(net, (nn.Conv2d, L0Conv2d)) and not flattens:
-        return ".".join(path), net, flattens
-    return None
-
-
-def _check_targets(model, x, y, dtype, names):
-    """The targets the model's ``target_type`` asks for (the data are on the model's terms after this).
-
-    ``"classes"``: integer labels in ``[0, num_classes)`` (as ``int64``); ``"binary"``: 0 or 1; ``"real"``:
-    real or integer responses (as the model's dtype). A model without ``target_type``: labels in
-    ``[0, num_classes)`` when it has ``num_classes`` and they are integers, else no check.
-    """
-    xn, yn = names
-    kind = getattr(model, "target_type", None)
-    owner = type(model).__name__
-    if kind is not None and y.shape != x.shape[:1]:
-        raise ValueError(f"{yn} must have shape ({x.shape[0]},), one target per row of {xn}, got {tuple(y.shape)}")
-    if y.is_floating_point() and not all_finite(y):
-        raise ValueError(f"{yn} contains NaN or infinite values")
-    num_classes = getattr(model, "num_classes", None)
-    integer = not (y.is_floating_point() or y.is_complex() or y.dtype == torch.bool)
-    if kind == "classes" and not integer:
-        limit = f"[0, {num_classes})" if num_classes is not None else ">= 0"
-        raise TypeError(f"{yn} has dtype {y.dtype}, but {owner} needs integer class labels in {limit}")
-    if kind == "classes" or (kind is None and integer and num_classes is not None):
-        low, high = (int(v) for v in torch.aminmax(y))
-        if low < 0 or (num_classes is not None and high >= num_classes):
-            limit = f"[0, {num_classes})" if num_classes is not None else "[0, ...)"
-            raise ValueError(f"{yn}: class labels must lie in {limit}, got range [{low}, {high}]")
-        return y.long() if kind == "classes" else y
-    if kind == "binary":
-        if not bool(((y == 0) | (y == 1)).all()):
-            low, high = (float(v) for v in torch.aminmax(y.double()))
-            raise ValueError(f"{yn}: {owner} needs binary labels, 0 or 1, got values in [{low:g}, {high:g}]")
-    if kind == "real":
-        if y.dtype == torch.bool or y.is_complex():
-            raise TypeError(f"{yn} has dtype {y.dtype}, but {owner} needs real-valued responses")
-        if not y.is_floating_point() and dtype is not None:
-            return y.to(dtype)  # integer responses, as real numbers
-    return y
-
-
-def _rng_state():
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "numpy": numpy_rng_state(),
-        "python": random.getstate(),
-    }
-
-
-def _set_rng_state(state):
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    set_numpy_rng_state(state["numpy"])
-    random.setstate(state["python"])
-
-
-def _error_rate(model, x, y, batch_size, device):
-    if y is None or y.is_floating_point():
-        return None
-    was_training = model.training
-    model.eval()
-    wrong = 0
-    with torch.no_grad():
-        for i in range(0, x.shape[0], batch_size):
-            xb = x[i : i + batch_size].to(device)
-            pred = model(xb)
-            pred = pred.argmax(-1) if pred.dim() > 1 else (pred > 0).long()
-            wrong += int((pred.cpu() != y[i : i + batch_size]).sum())
-    model.train(was_training)
-    return wrong / x.shape[0]
-
-
-def _test_rmse(model, x, y, device):
-    """Root mean squared error of a linear regression's test-time prediction (Eq. 13 coefficients).
-
-    ``None`` unless ``y`` holds real values and the model is a Gaussian linear regression (it has a
-    ``noise_scale`` and test-time ``coefficients()``).
-    """
-    if y is None or not y.is_floating_point() or not (hasattr(model, "noise_scale") and hasattr(model, "coefficients")):
-        return None
-    with torch.no_grad():
-        pred = x.to(device) @ model.coefficients() + model.bias
-        return float(torch.sqrt(((pred - y.to(device)) ** 2).mean()))
-
-
-def _flops_record(model, input_shape):
-    from ..nn.prune import expected_flops
-
-    net = getattr(model, "net", model)
-    with torch.no_grad():
-        return {"expected_flops": float(expected_flops(net, input_shape))}

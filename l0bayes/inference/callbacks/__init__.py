@@ -2,6 +2,7 @@
 
 * :class:`Callback`, :class:`CallbackList`: the hooks (:mod:`.base`);
 * :class:`ProgressBar` (:mod:`.progress`), :class:`History` (:mod:`.records`),
+  :class:`FiniteParameters` (:mod:`.checks`),
   :class:`Checkpointing` (:mod:`.checkpointing`), :class:`ParameterAveraging` (:mod:`.averaging`),
   :class:`LogAlphaProjection` (:mod:`.projection`), :class:`LRSchedule` (:mod:`.schedule`):
   what :func:`~l0bayes.inference.train` builds from its arguments;
@@ -11,6 +12,8 @@
 
 from .averaging import ParameterAveraging
 from .base import Callback, CallbackList
+from .checkpointing import Checkpointing
+from .checks import FiniteParameters
 from .early_stopping import EarlyStopping
 from .progress import ProgressBar
 from .projection import LogAlphaProjection
@@ -21,6 +24,8 @@ from .tensorboard import TensorBoard
 __all__ = [
     "Callback",
     "CallbackList",
+    "Checkpointing",
+    "FiniteParameters",
     "EarlyStopping",
     "History",
     "LRSchedule",

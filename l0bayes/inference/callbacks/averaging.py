@@ -20,6 +20,8 @@ class ParameterAveraging(Callback):
     """
 
     state_key = "ema"
+    #: A resume needs the average (the message when the checkpoint has none).
+    required_in_checkpoint = "holds no parameter average: it was not trained with ema_decay"
 
     def __init__(self, decay):
         self.decay = decay

@@ -137,9 +137,9 @@ def test_metrics(model, test_data, device):
     finally:
         model.train(was_training)
     if kind is None or count == 0:
-        return {}
+        return {"test_error": None}
     if kind == "test_loss":
         return {"test_loss": loss_sum / count}
-    if kind == "test_rmse":
-        return {"test_rmse": (squared / count) ** 0.5}
+    if kind == "test_rmse":  # (a regression has no error rate)
+        return {"test_error": None, "test_rmse": (squared / count) ** 0.5}
     return {"test_error": wrong / count}

@@ -1,0 +1,135 @@
+"""Clear errors before the first step for data a model cannot train on (:func:`~l0bayes.inference.train`).
+
+The checks run on tensors in memory; batches from an iterable are the user's own (their first batch
+is checked when training starts).
+"""
+
+import torch
+from torch import nn
+
+from ..nn.layers import L0Conv2d, L0Linear
+from ..utils import all_finite
+
+__all__ = ["check_data"]
+
+
+def check_data(model, x, y, names):
+    """Clear errors, before the first step, for data the model cannot train on; returns ``(x, y)`` to train on.
+
+    Integer labels of a classifier become ``int64`` and integer responses of a regression the model's dtype
+    (the data are otherwise used as given: ``x`` must have the dtype of the model's parameters).
+
+    :param names: the arguments' names for the messages, ``("x", "y")`` or ``("test_data[0]", "test_data[1]")``.
+    """
+    xn, yn = names
+    if not torch.is_tensor(x) or not torch.is_tensor(y):
+        kinds = ", ".join(type(v).__name__ for v in (x, y))
+        raise TypeError(f"{xn} and {yn} must be torch tensors, got {kinds}")
+    if x.dim() < 2:
+        raise ValueError(f"{xn} must have one row per example, shape (num_data, ...), got shape {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{xn} has no rows: the data are empty")
+    if y.dim() == 0 or y.shape[0] != x.shape[0]:
+        rows = y.shape[0] if y.dim() else "none (a scalar)"
+        raise ValueError(f"{xn} has {x.shape[0]} rows but {yn} has {rows}")
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if dtype is not None and x.dtype != dtype:
+        raise TypeError(
+            f"{xn} has dtype {x.dtype} but the model's parameters are {dtype}: convert one to the other "
+            f"({xn}.to({dtype}) or model.to({x.dtype}))"
+            if x.is_floating_point()
+            else f"{xn} has dtype {x.dtype} but the model's parameters are {dtype}: convert it ({xn}.to({dtype}))"
+        )
+    _check_features(model, x, xn)
+    if not all_finite(x):
+        raise ValueError(f"{xn} contains NaN or infinite values")
+    return x, _check_targets(model, x, y, dtype, names)
+
+
+def _check_features(model, x, xn):
+    """``x`` fits the model's first layer: a regression's ``num_features``, a sequential network's first layer."""
+    num_features = getattr(model, "num_features", None)
+    if num_features is not None:
+        if x.dim() != 2 or x.shape[1] != num_features:
+            raise ValueError(
+                f"{xn} must have shape (num_data, {num_features}) for {type(model).__name__}(num_features="
+                f"{num_features}), got {tuple(x.shape)}"
+            )
+        return
+    first = _first_layer(getattr(model, "net", model))
+    if first is None:
+        return
+    name, layer, flattens = first
+    kind = f"layer {name} ({type(layer).__name__})"
+    if hasattr(layer, "in_features"):
+        size = x[0].numel() if flattens else x.shape[-1]
+        if size != layer.in_features:
+            what = f"{size} features" if x.dim() == 2 else f"{size} values per example (shape {tuple(x.shape)})"
+            raise ValueError(f"{xn} has {what}, but {kind} takes in_features={layer.in_features}")
+    elif x.dim() != 4 or x.shape[1] != layer.in_channels:
+        raise ValueError(
+            f"{xn} must have shape (num_data, {layer.in_channels}, height, width) for {kind} with in_channels="
+            f"{layer.in_channels}, got {tuple(x.shape)}"
+        )
+
+
+def _first_layer(net):
+    """``(name, layer, flattens)``: the first linear or 2-d convolution of a sequential network (``None`` otherwise).
+
+    ``flattens``: an ``nn.Flatten`` comes first. Other structures (residual blocks, custom modules) are left
+    to the layers' own checks.
+    """
+    path, flattens = [], False
+    while isinstance(net, nn.Sequential):
+        children = list(net.named_children())
+        while children and isinstance(children[0][1], nn.Flatten):
+            if (children[0][1].start_dim, children[0][1].end_dim) != (1, -1):
+                return None
+            flattens = True
+            children = children[1:]
+        if not children:
+            return None
+        path.append(children[0][0])
+        net = children[0][1]
+    if isinstance(net, (nn.Linear, L0Linear)):
+        return ".".join(path), net, flattens
+    if isinstance(net, (nn.Conv2d, L0Conv2d)) and not flattens:
+        return ".".join(path), net, flattens
+    return None
+
+
+def _check_targets(model, x, y, dtype, names):
+    """The targets the model's ``target_type`` asks for (the data are on the model's terms after this).
+
+    ``"classes"``: integer labels in ``[0, num_classes)`` (as ``int64``); ``"binary"``: 0 or 1; ``"real"``:
+    real or integer responses (as the model's dtype). A model without ``target_type``: labels in
+    ``[0, num_classes)`` when it has ``num_classes`` and they are integers, else no check.
+    """
+    xn, yn = names
+    kind = getattr(model, "target_type", None)
+    owner = type(model).__name__
+    if kind is not None and y.shape != x.shape[:1]:
+        raise ValueError(f"{yn} must have shape ({x.shape[0]},), one target per row of {xn}, got {tuple(y.shape)}")
+    if y.is_floating_point() and not all_finite(y):
+        raise ValueError(f"{yn} contains NaN or infinite values")
+    num_classes = getattr(model, "num_classes", None)
+    integer = not (y.is_floating_point() or y.is_complex() or y.dtype == torch.bool)
+    if kind == "classes" and not integer:
+        limit = f"[0, {num_classes})" if num_classes is not None else ">= 0"
+        raise TypeError(f"{yn} has dtype {y.dtype}, but {owner} needs integer class labels in {limit}")
+    if kind == "classes" or (kind is None and integer and num_classes is not None):
+        low, high = (int(v) for v in torch.aminmax(y))
+        if low < 0 or (num_classes is not None and high >= num_classes):
+            limit = f"[0, {num_classes})" if num_classes is not None else "[0, ...)"
+            raise ValueError(f"{yn}: class labels must lie in {limit}, got range [{low}, {high}]")
+        return y.long() if kind == "classes" else y
+    if kind == "binary":
+        if not bool(((y == 0) | (y == 1)).all()):
+            low, high = (float(v) for v in torch.aminmax(y.double()))
+            raise ValueError(f"{yn}: {owner} needs binary labels, 0 or 1, got values in [{low:g}, {high:g}]")
+    if kind == "real":
+        if y.dtype == torch.bool or y.is_complex():
+            raise TypeError(f"{yn} has dtype {y.dtype}, but {owner} needs real-valued responses")
+        if not y.is_floating_point() and dtype is not None:
+            return y.to(dtype)  # integer responses, as real numbers
+    return y
