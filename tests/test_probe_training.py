@@ -193,7 +193,7 @@ def test_empty_or_mismatched_data_names_the_argument(examples):
         "1-d x": (lambda x, y: (x[:, 0], y, {}), ValueError, r"^x must have one row per example"),
         "2-d y": (lambda x, y: (x, torch.stack([y, y], 1), {}), ValueError, r"^y must have shape \(\d+,\)"),
         "test pair": (lambda x, y: (x, y, {"test_data": (x,)}), TypeError, r"^test_data must be a pair"),
-        "lists": (lambda x, y: (x.tolist(), y, {}), TypeError, r"^x and y must be torch tensors$"),
+        "lists": (lambda x, y: (x.tolist(), y, {}), TypeError, r"^x and y must be torch tensors \(or x an iterable"),
     }
 
     @_profile(examples)

@@ -109,7 +109,7 @@ _DATA_RULES = (
     (
         lambda x, y: y is None or (torch.is_tensor(x) and torch.is_tensor(y)),
         TypeError,
-        "x and y must be torch tensors",
+        "x and y must be torch tensors (or x an iterable of (x, y) batches, with y=None)",
     ),
     (
         lambda x, y: not torch.is_tensor(x) or y is not None,

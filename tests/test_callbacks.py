@@ -1,0 +1,318 @@
+"""The training loop's callbacks: order of events, resume, TensorBoard, early stopping, own data and losses."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from l0bayes.inference import train
+from l0bayes.inference.callbacks import Callback, EarlyStopping, TensorBoard
+from l0bayes.models import SparseClassifier, SparseModel
+from l0bayes.nn import L0MLP, sparsify
+
+
+def _digits_like(n=120, features=8, classes=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    y = (x[:, :classes] + 0.3 * torch.randn(n, classes, generator=g)).argmax(1)
+    return x, y
+
+
+def _classifier(seed=0):
+    torch.manual_seed(seed)
+    return SparseClassifier(L0MLP(8, (10,), 3), lam=0.1)
+
+
+class Recorder(Callback):
+    """Records every event, and counts steps in a state that must survive a resume."""
+
+    state_key = "recorder"
+
+    def __init__(self):
+        self.events, self.steps = [], 0
+
+    def on_fit_start(self, run):
+        self.events.append(("fit_start", run.epoch))
+
+    def on_epoch_start(self, run):
+        self.events.append(("epoch_start", run.epoch))
+
+    def on_step_end(self, run):
+        self.steps += 1
+        self.events.append(("step", run.epoch))
+
+    def on_epoch_end(self, run, record):
+        self.events.append(("epoch_end", run.epoch, "mean_loss" in record))
+        record["steps_seen"] = self.steps
+
+    def on_fit_end(self, run):
+        self.events.append(("fit_end", run.epoch))
+
+    def state_dict(self):
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state):
+        self.steps = state["steps"]
+
+
+def test_a_user_callback_sees_every_event_in_order():
+    x, y = _digits_like()
+    cb = Recorder()
+    result = train(_classifier(), x, y, objective="penalized", epochs=2, batch_size=40, progress=False, callbacks=[cb])
+    per_epoch = [("epoch_start", 0)] + [("step", 0)] * 3 + [("epoch_end", 0, True)]
+    per_epoch += [("epoch_start", 1)] + [("step", 1)] * 3 + [("epoch_end", 1, True)]
+    assert cb.events == [("fit_start", 0)] + per_epoch + [("fit_end", 2)]
+    assert [r["steps_seen"] for r in result.history] == [3, 6]  # user entries land in the history
+
+
+def test_an_error_reaches_on_exception_not_on_fit_end():
+    class Boom(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_step_end(self, run):
+            raise RuntimeError("boom")
+
+        def on_exception(self, run, error):
+            self.seen.append(type(error).__name__)
+
+        def on_fit_end(self, run):
+            self.seen.append("fit_end")
+
+    x, y = _digits_like()
+    cb = Boom()
+    with pytest.raises(RuntimeError, match="boom"):
+        train(_classifier(), x, y, objective="penalized", epochs=1, progress=False, callbacks=[cb])
+    assert cb.seen == ["RuntimeError"]
+
+
+def test_callbacks_must_be_callbacks_and_their_state_keys_distinct():
+    x, y = _digits_like()
+    with pytest.raises(TypeError, match="Callback instances"):
+        train(_classifier(), x, y, epochs=1, progress=False, callbacks=[lambda run: None])
+    with pytest.raises(ValueError, match="distinct state_key"):
+        train(_classifier(), x, y, epochs=1, progress=False, callbacks=[Recorder(), Recorder()])
+
+
+@pytest.mark.parametrize("objective", ["bayes", "penalized", "constrained"])
+def test_resume_with_callbacks_is_bit_identical(objective, tmp_path, monkeypatch):
+    from l0bayes.inference.callbacks import checkpointing
+
+    x, y = _digits_like()
+    test = _digits_like(60, seed=1)
+    kw = dict(objective=objective, epochs=4, batch_size=40, lr=0.02, seed=5, progress=False, test_data=test)
+    if objective == "constrained":
+        kw.update(target_density=0.5, final_phase=0.5)
+
+    def callbacks(log_dir):
+        return [Recorder(), EarlyStopping("test_error", patience=10), TensorBoard(log_dir)]
+
+    straight_model = _classifier()
+    straight = train(straight_model, x, y, callbacks=callbacks(tmp_path / "tb_straight"), **kw)
+
+    save = checkpointing.save_checkpoint
+
+    def save_then_interrupt(path, state):
+        save(path, state)
+        if state["epoch"] == 2:
+            raise KeyboardInterrupt
+
+    ckpt = tmp_path / "ckpt.pt"
+    monkeypatch.setattr(checkpointing, "save_checkpoint", save_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(_classifier(), x, y, checkpoint=str(ckpt), callbacks=callbacks(tmp_path / "tb"), **kw)
+    monkeypatch.setattr(checkpointing, "save_checkpoint", save)
+    torch.manual_seed(123)  # the resume restores every random state
+    resumed_model = _classifier(seed=7)
+    resumed = train(resumed_model, x, y, checkpoint=str(ckpt), resume=True, callbacks=callbacks(tmp_path / "tb"), **kw)
+    for a, b in zip(straight_model.state_dict().values(), resumed_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    keys = ("mean_loss", "steps_seen", "best", "best_epoch", "test_error", "free_energy")
+    assert [[h[k] for k in keys] for h in straight.history] == [[h[k] for k in keys] for h in resumed.history]
+
+
+def _scalars(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_event_file_holds_the_record(tmp_path):
+    pytest.importorskip("tensorboard")
+    x, y = _digits_like()
+    log_dir = tmp_path / "tb"
+    result = train(
+        _classifier(), x, y, epochs=3, batch_size=40, progress=False, test_data=_digits_like(60, seed=1),
+        callbacks=[TensorBoard(log_dir)],
+    )  # fmt: skip
+    scalars = _scalars(log_dir)
+    for name in ("free_energy", "test_error", "expected_l0", "mean_loss", "lr/0"):
+        expected = [(r["epoch"], r[name] if name != "lr/0" else r["lr"][0]) for r in result.history]
+        assert [(s, pytest.approx(v, rel=1e-6)) for s, v in scalars[name]] == expected, name
+    # the open gates per layer, named as the user named the layers
+    layers = sorted(k for k in scalars if k.startswith("open_gates/"))
+    assert layers == ["open_gates/fc1", "open_gates/fc2"]
+    counts = [int(v) for _, v in scalars["open_gates/fc1"]]
+    assert counts == [r["active_gates"][0] for r in result.history]
+    # a new run refuses a directory with another run's events
+    with pytest.raises(FileExistsError, match="another run"):
+        train(_classifier(), x, y, epochs=1, progress=False, callbacks=[TensorBoard(log_dir)])
+
+
+def test_tensorboard_resume_purges_what_came_after_the_checkpoint(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from l0bayes.inference.callbacks import checkpointing
+
+    x, y = _digits_like()
+    kw = dict(epochs=3, batch_size=40, progress=False, objective="penalized")
+    ckpt, log_dir = tmp_path / "ckpt.pt", tmp_path / "tb"
+    save = checkpointing.save_checkpoint
+
+    def save_except_epoch_2(path, state):  # epoch 2 is logged but never saved: a crash after its events
+        if state["epoch"] != 2:
+            save(path, state)
+        if state["epoch"] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpointing, "save_checkpoint", save_except_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train(_classifier(), x, y, checkpoint=str(ckpt), callbacks=[TensorBoard(log_dir)], **kw)
+    monkeypatch.setattr(checkpointing, "save_checkpoint", save)
+    resumed = train(_classifier(), x, y, checkpoint=str(ckpt), resume=True, callbacks=[TensorBoard(log_dir)], **kw)
+    steps = [s for s, _ in _scalars(log_dir)["mean_loss"]]
+    assert steps == [1, 2, 3]  # epoch 2 once: the interrupted run's epoch-2 event was purged
+    values = [v for _, v in _scalars(log_dir)["mean_loss"]]
+    assert values[1:] == pytest.approx([r["mean_loss"] for r in resumed.history[1:]], rel=1e-6)
+
+
+def test_early_stopping_stops_and_restores_the_best_state():
+    x, y = _digits_like(200)
+    test = _digits_like(100, seed=1)
+
+    class Spy(Callback):
+        def __init__(self):
+            self.states = {}
+
+        def on_epoch_end(self, run, record):
+            self.states[run.epoch + 1] = {k: v.clone() for k, v in run.model.state_dict().items()}
+
+    spy = Spy()
+    model = _classifier()
+    # lr so large that the test error gets worse after a few epochs
+    stop = EarlyStopping("test_error", patience=2)
+    result = train(
+        model, x, y, objective="penalized", epochs=30, batch_size=50, lr=0.5, progress=False, test_data=test,
+        callbacks=[stop, spy],
+    )  # fmt: skip
+    errors = [r["test_error"] for r in result.history]
+    best = min(range(len(errors)), key=lambda i: (errors[i], i))
+    assert len(result.history) < 30 and result.history[-1]["stopped_early"]
+    assert len(result.history) == best + 1 + 2  # stopped after `patience` epochs without improvement
+    assert stop.best_epoch == best + 1 and stop.best == errors[best]
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, spy.states[best + 1][k]), k
+    with pytest.raises(ValueError, match="patience"):
+        EarlyStopping(patience=0)
+    with pytest.raises(KeyError, match="no 'validation_accuracy'"):
+        train(_classifier(), x, y, epochs=1, progress=False, callbacks=[EarlyStopping("validation_accuracy")])
+
+
+class ResidualNet(nn.Module):
+    """A small residual CNN of a user's own, not an nn.Sequential."""
+
+    def __init__(self, outputs):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 6, 3, padding=1)
+        self.block = nn.Sequential(nn.Conv2d(6, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU())
+        self.head = nn.Linear(6, outputs)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        h = h + self.block(h)
+        return self.head(h.mean((2, 3)))
+
+
+def _images(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 1, 8, 8, generator=g)
+    return x, g
+
+
+LOSSES = {
+    # regression: a Gaussian likelihood with unit noise, 0.5 (y - f)^2 per example
+    "regression": (
+        1,
+        lambda x, g: x.mean((1, 2, 3), keepdim=False).unsqueeze(1) * 3.0,
+        lambda o, t: 0.5 * F.mse_loss(o, t),
+    ),
+    # multi-label: independent Bernoulli labels
+    "multilabel": (
+        3,
+        lambda x, g: (x[:, 0, :3, 0] > 0).float(),
+        lambda o, t: F.binary_cross_entropy_with_logits(o, t),
+    ),
+}
+
+
+@pytest.mark.parametrize("objective", ["bayes", "penalized", "constrained"])
+@pytest.mark.parametrize("task", sorted(LOSSES))
+def test_a_sparsified_model_with_its_own_loss_trains_from_a_dataloader(task, objective):
+    outputs, target, loss_fn = LOSSES[task]
+    x, g = _images()
+    y = target(x, g)
+    torch.manual_seed(0)
+    net = sparsify(ResidualNet(outputs), example_inputs=x[:2])
+    model = SparseModel(net, loss_fn, lam=0.05)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    kw = {"target_density": 0.6} if objective == "constrained" else {}
+    with torch.no_grad():
+        before = float(loss_fn(model.eval()(x), y))
+    result = train(model, loader, objective=objective, epochs=8, lr=0.02, progress=False, test_data=loader, **kw)
+    assert len(result.history) == 8
+    record = result.history[-1]
+    assert record["test_loss"] < before  # it learned
+    assert record["nll"] == pytest.approx(len(x) * record["test_loss"], rel=1.0)  # N * mean loss, same scale
+    if objective == "bayes":
+        assert record["gate_kl"] > 0
+    if objective == "constrained":
+        assert record["test_time_density"] <= 0.6 + 1e-9
+
+
+def test_dataloader_resume_is_bit_identical(tmp_path, monkeypatch):
+    from l0bayes.inference.callbacks import checkpointing
+
+    x, y = _digits_like()
+    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)  # order from torch's global RNG
+    kw = dict(objective="penalized", epochs=3, lr=0.05, progress=False)
+    straight_model = _classifier()
+    train(straight_model, loader, **kw)
+    save = checkpointing.save_checkpoint
+
+    def save_then_interrupt(path, state):
+        save(path, state)
+        if state["epoch"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpointing, "save_checkpoint", save_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(_classifier(), loader, checkpoint=str(tmp_path / "c.pt"), **kw)
+    monkeypatch.setattr(checkpointing, "save_checkpoint", save)
+    torch.manual_seed(99)
+    resumed_model = _classifier()
+    train(resumed_model, loader, checkpoint=str(tmp_path / "c.pt"), resume=True, **kw)
+    for a, b in zip(straight_model.state_dict().values(), resumed_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_an_iterable_without_a_length_needs_num_data():
+    x, y = _digits_like()
+    batches = [(x[i : i + 40], y[i : i + 40]) for i in range(0, 120, 40)]
+    with pytest.raises(ValueError, match="num_data"):
+        train(_classifier(), iter(batches), epochs=1, progress=False)
+    result = train(_classifier(), batches, num_data=120, epochs=2, progress=False, objective="penalized")
+    assert len(result.history) == 2
+    with pytest.raises(TypeError, match="with y=None"):
+        train(_classifier(), batches, y, num_data=120, epochs=1, progress=False)
