@@ -74,6 +74,7 @@ def run_one(args, data, name, seed, objective, target=None, lam=0.1, variant=Non
         seed=seed,
         test_data=(data.x_test, data.y_test),
         progress=False,
+        threads=None,  # the count of --threads
         **kwargs,
     )
     wall = time.perf_counter() - start

@@ -117,6 +117,7 @@ def _train(cfg, run, model, data, targets, resume, main_process):
             log_alpha_range=cfg["log_alpha_range"],
             ema_decay=cfg["ema"],
             compile=cfg.get("compile", False),
+            threads=None,  # the count _set_threads chose
         )
     except KeyboardInterrupt:
         if main_process:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..nn.gates import gates_of
+from ..threads import choose_threads, thread_policy
 from ..utils import all_finite, check_xy
 from .averaging import ParameterAverage
 from .checkpoint import numpy_rng_state, save_checkpoint, set_numpy_rng_state
@@ -47,6 +48,14 @@ def _is_number(v):
 
 def _finite_positive(v):
     return _is_number(v) and math.isfinite(float(v)) and float(v) > 0
+
+
+def _threads_ok(v):
+    try:
+        choose_threads(v, environ={})
+    except ValueError:
+        return False
+    return True
 
 
 def _density_ok(v):
@@ -123,6 +132,11 @@ _ARGUMENT_RULES = (
         lambda a: requirement_error(a["model"], a["objective"]),
     ),
     (
+        lambda a: True,
+        lambda a: _threads_ok(a["threads"]),
+        "threads must be 'auto', None or a positive int, got {threads!r}",
+    ),
+    (
         lambda a: a["optimizer"] is not None,
         lambda a: callable(a["optimizer"]),
         "optimizer must be a factory model -> torch.optim.Optimizer (or None), got {optimizer!r}",
@@ -183,6 +197,7 @@ def train(
     optimizer=None,
     scheduler=None,
     compile=False,
+    threads="auto",
 ):
     r"""Train a sparse model with minibatch Adam, or the optimiser and schedule a factory builds.
 
@@ -253,6 +268,11 @@ def train(
         steps pay the compilation (seconds to tens of seconds), conditional computation is off, and the
         values agree with the eager step up to rounding; see ``docs/guide/training.md``, "Compiling the
         training step".
+    :param threads: torch's intra-op thread count during the call (:func:`~l0bayes.threads.thread_policy`; the
+        caller's count is restored after, also on an error). ``"auto"`` (default): one thread, unless
+        ``OMP_NUM_THREADS`` is set or an enclosing ``thread_policy`` chose (then that count): torch's default,
+        one spinning OpenMP thread per core, runs many times slower as soon as another process wants a core.
+        ``None``: torch's count as it is (e.g. after your own ``torch.set_num_threads``); an int: that count.
     :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
         L0, expected FLOPs, test error, multipliers and densities, wall time, and ``lr``: the step size of
         each of the optimiser's parameter groups during that epoch).
@@ -260,6 +280,41 @@ def train(
     """
     arguments = dict(locals())
     _check_arguments(arguments, x, y)
+    with thread_policy(threads):
+        return _train(**arguments)
+
+
+def _train(
+    model,
+    x,
+    y,
+    *,
+    objective,
+    epochs,
+    batch_size,
+    lr,
+    device,
+    seed,
+    test_data,
+    target_density,
+    per_layer,
+    multiplier_lr,
+    dual_restarts,
+    checkpoint,
+    resume,
+    progress,
+    input_shape,
+    distributed,
+    log_alpha_range,
+    ema_decay,
+    final_phase,
+    record_every,
+    optimizer,
+    scheduler,
+    compile,
+    threads,
+):
+    """:func:`train` after its argument checks, under its thread policy."""
     _check_data(model, x, y, "training")
     if test_data is not None:
         _check_data(model, test_data[0], test_data[1], "test")
