@@ -9,10 +9,12 @@ slower than on one thread: beside one other process with two threads, on two cor
 
 The cure the command line uses, ``OMP_WAIT_POLICY=PASSIVE`` (:mod:`l0bayes.cli.threads`), only takes
 effect when set before torch loads, which a library cannot arrange. ``torch.set_num_threads(1)``
-can be set at any time, and one thread has nobody to wait for. So :func:`~l0bayes.inference.train`,
-:func:`~l0bayes.models.select_variables` and :func:`~l0bayes.distributions.kl_hard_concrete` (on
-batches large enough for torch to run in parallel) run under :func:`thread_policy`, which with the
-default ``threads="auto"`` chooses
+can be set at any time, and one thread has nobody to wait for. So :func:`~l0bayes.inference.train`
+and :func:`~l0bayes.models.select_variables` (both with a ``threads=`` argument),
+:func:`~l0bayes.distributions.kl_hard_concrete` (on batches large enough for torch to run in
+parallel), :func:`~l0bayes.nn.prune`, :meth:`~l0bayes.nn.PruneReport.from_model` and
+:func:`~l0bayes.analysis.to_inference_data` run under :func:`thread_policy`, which with the default
+``threads="auto"`` chooses
 
 * torch's count as it stands when your environment chose it: ``OMP_NUM_THREADS`` or
   ``MKL_NUM_THREADS`` set (torch reads them at start-up);
@@ -29,12 +31,13 @@ spinning safe.
 """
 
 import contextlib
+import functools
 import os
 import threading
 
 import torch
 
-__all__ = ["AUTO", "choose_threads", "policy_for", "thread_policy"]
+__all__ = ["AUTO", "choose_threads", "policy_for", "thread_policy", "under_thread_policy"]
 
 AUTO = "auto"
 #: Environment variables by which a user chose torch's intra-op count (torch reads both at start-up).
@@ -103,3 +106,14 @@ def policy_for(elements, threads=AUTO):
     spinning trap, and a hot loop over small batches does not pay for changing the count.
     """
     return thread_policy(threads) if elements >= PARALLEL_MIN_ELEMENTS else contextlib.nullcontext()
+
+
+def under_thread_policy(function):
+    """Decorator: ``function`` runs under ``thread_policy("auto")`` (heavy calls that take no ``threads=``)."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with thread_policy(AUTO):
+            return function(*args, **kwargs)
+
+    return wrapper

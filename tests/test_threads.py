@@ -1,5 +1,7 @@
 """The library's heavy calls run under a thread policy and give the caller's torch thread count back."""
 
+import importlib
+
 import pytest
 import torch
 from torch import nn
@@ -148,3 +150,34 @@ def test_select_variables_runs_under_the_policy(user_threads, monkeypatch):
 
 def test_the_policy_is_exported_at_the_top_level():
     assert l0bayes.thread_policy is thread_policy
+
+
+def test_prune_and_the_gate_analysis_run_under_the_policy(user_threads, monkeypatch):
+    from l0bayes.analysis import to_inference_data
+    from l0bayes.nn import PruneReport, prune
+
+    prune_module = importlib.import_module("l0bayes.nn.prune")  # (l0bayes.nn.prune is also the function)
+    inference_data = importlib.import_module("l0bayes.analysis.inference_data")
+
+    seen = []
+
+    def noting(function):
+        def wrapper(*args, **kwargs):
+            seen.append((function.__name__, torch.get_num_threads()))
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for module, name in (
+        (prune_module, "_dense_copy"),
+        (prune_module, "expected_flops"),
+        (inference_data, "gate_layers"),
+    ):
+        monkeypatch.setattr(module, name, noting(getattr(module, name)))
+    torch.manual_seed(0)
+    net = L0MLP(6, (5,), 3).eval()
+    prune(net)
+    PruneReport.from_model(net, (6,))
+    to_inference_data(net, num_draws=10)
+    assert {name for name, _ in seen} == {"_dense_copy", "expected_flops", "gate_layers"}
+    assert {n for _, n in seen} == {1} and torch.get_num_threads() == user_threads
