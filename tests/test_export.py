@@ -220,3 +220,20 @@ def test_a_file_of_the_first_version_still_loads(tmp_path):
     x = torch.randn(4, 3)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), net(x), atol=0, rtol=0)
+
+
+def test_a_crafted_description_of_a_model_of_its_own_class_is_refused(tmp_path):
+    from test_sparsify import ResNet
+
+    path = tmp_path / "crafted.pt"
+    state = {"format": "l0bayes.pruned", "version": 2, "model_class": "ResNet", "state_dict": {}}
+    for modules, message in (
+        ([{"name": "stem", "type": "os.system", "args": {}}], "os.system"),
+        ([{"name": "__class__", "type": "Linear", "args": {}}], "malformed"),
+        ([{"name": "stem", "type": "Sequential", "args": {"children": ["a.b"]}}], "malformed"),
+        ([{"name": "block1", "type": "module", "args": {"class": "Other"}}], "is a Other, the model has a Block"),
+        ("stem", "not a list"),
+    ):
+        save_checkpoint(path, {**state, "modules": modules})
+        with pytest.raises(ValueError, match=message):
+            load_pruned(path, model=ResNet)

@@ -31,6 +31,7 @@ editable module of your class.
 """
 
 import copy
+import re
 
 import torch
 from torch import nn
@@ -234,11 +235,10 @@ def build_into(model, modules, state_dict):
     """
     from collections import OrderedDict
 
+    if not isinstance(modules, list):
+        raise ValueError(f"the description of the modules is a {type(modules).__name__}, not a list")
     for k, spec in enumerate(modules):
-        try:
-            name, kind, args = spec["name"], spec["type"], spec["args"]
-        except (TypeError, KeyError) as err:
-            raise ValueError(f"module {k} of the description is malformed: {spec!r}") from err
+        name, kind, args = _module_spec(spec, k)
         if kind == "module":
             try:
                 existing = model.get_submodule(name)
@@ -248,7 +248,7 @@ def build_into(model, modules, state_dict):
                 found = "nothing" if existing is None else f"a {type(existing).__qualname__}"
                 raise ValueError(f"module {name!r} of the file is a {args.get('class')}, the model has {found} there")
         elif kind == "Sequential":
-            children = [str(c) for c in args["children"]]
+            children = args["children"]
             existing = model.get_submodule(name) if _has(model, name) else None
             if type(existing) is not nn.Sequential or [n for n, _ in existing.named_children()] != children:
                 # placeholders: every child is described after its parent and replaces its placeholder
@@ -261,6 +261,30 @@ def build_into(model, modules, state_dict):
         raise ValueError(f"the model has modules the pruned one did not: {extra[:5]}")
     _load_state(model, state_dict)
     return model.eval()
+
+
+_NAME = re.compile(r"\w+(\.\w+)*")
+
+
+def _module_spec(spec, k):
+    """``(name, type, args)`` of entry ``k`` of :func:`describe_modules`'s list, checked.
+
+    A name is dotted words (no attribute of the model beyond its sub-modules can be reached), a
+    ``Sequential`` lists its children's names, a ``module`` its class name.
+    """
+    try:
+        name, kind, args = spec["name"], spec["type"], spec["args"]
+    except (TypeError, KeyError) as err:
+        raise ValueError(f"module {k} of the description is malformed: {spec!r}") from err
+    ok = isinstance(name, str) and _NAME.fullmatch(name) and "__" not in name and isinstance(args, dict)
+    if ok and kind == "Sequential":
+        children = args.get("children")
+        ok = isinstance(children, list) and all(isinstance(c, str) and re.fullmatch(r"\w+", c) for c in children)
+    elif ok and kind == "module":
+        ok = isinstance(args.get("class"), str)
+    if not ok:
+        raise ValueError(f"module {k} of the description is malformed: {spec!r}")
+    return name, kind, args
 
 
 def _has(root, name):
