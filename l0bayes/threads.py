@@ -3,9 +3,9 @@
 torch runs one intra-op OpenMP thread per core, and OpenMP's default wait policy makes a thread
 that waits for the others *spin* on its core. As soon as another process wants a core, the
 spinning thread holds it while the thread it waits for is descheduled, and a call runs many times
-slower than on one thread: beside one other process with two threads, on two cores, the KL of
-10^6 gate pairs took 24.7 s instead of 0.22 s and notebook 03 took 269 s instead of 18 s
-(``benchmarks/RESULTS.md``, "Threads", measures it with ``benchmarks/bench_library_threads.py``).
+slower than on one thread: beside one other process with two threads, on two cores, one epoch of a
+small MLP, the KL of 10^6 gate pairs and notebook 03 ran 13-19x slower (medians of 7 repeats, up to
+53x; ``benchmarks/RESULTS.md``, "Threads", measured with ``benchmarks/bench_library_threads.py``).
 
 The cure the command line uses, ``OMP_WAIT_POLICY=PASSIVE`` (:mod:`l0bayes.cli.threads`), only takes
 effect when set before torch loads, which a library cannot arrange. ``torch.set_num_threads(1)``
