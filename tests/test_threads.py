@@ -181,3 +181,28 @@ def test_prune_and_the_gate_analysis_run_under_the_policy(user_threads, monkeypa
     to_inference_data(net, num_draws=10)
     assert {name for name, _ in seen} == {"_dense_copy", "expected_flops", "gate_layers"}
     assert {n for _, n in seen} == {1} and torch.get_num_threads() == user_threads
+
+
+def test_the_command_line_keeps_its_own_count_for_the_library_calls(user_threads, monkeypatch, tmp_path):
+    """``l0bayes fit --threads 2``: training and pruning run on two threads, and the caller's count is back after."""
+    from l0bayes.cli import main
+
+    training = importlib.import_module("l0bayes.inference.training")
+    prune_module = importlib.import_module("l0bayes.nn.prune")
+    seen = []
+    run, dense_copy = training._train, prune_module._dense_copy
+
+    def note_train(*args, **kwargs):
+        seen.append(("train", torch.get_num_threads()))
+        return run(*args, **kwargs)
+
+    def note_prune(*args, **kwargs):
+        seen.append(("prune", torch.get_num_threads()))
+        return dense_copy(*args, **kwargs)
+
+    monkeypatch.setattr(training, "_train", note_train)
+    monkeypatch.setattr(prune_module, "_dense_copy", note_prune)
+    argv = ["fit", "--hidden", "8", "--epochs", "1", "--no-progress", "--threads", "2", "--out", str(tmp_path / "r")]
+    assert main(argv) == 0
+    assert {name for name, _ in seen} == {"train", "prune"} and {n for _, n in seen} == {2}
+    assert torch.get_num_threads() == user_threads
