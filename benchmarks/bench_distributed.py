@@ -61,7 +61,7 @@ def worker(args):
         model = SparseClassifier(L0MLP(784, (300, 100), 10), lam=LAM)
         return train(
             model, xs, ys, objective="penalized", epochs=epochs, batch_size=args.batch_size, lr=LR,
-            device=args.device, seed=SEED, progress=False,
+            device=args.device, seed=SEED, progress=False, threads=None,
         )  # fmt: skip
 
     warm = args.batch_size * args.warmup_steps

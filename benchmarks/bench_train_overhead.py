@@ -80,6 +80,7 @@ def train_epoch(model, data, epochs, lr, record_every):
         input_shape=data.input_shape,
         progress=False,
         record_every=record_every,
+        threads=None,  # the count of --threads
     )
     return (clock() - start) / epochs
 

@@ -798,7 +798,7 @@ def main(argv=None):
         t0 = CLOCK()
         result = train(
             model, x.cpu(), y.cpu(), objective="penalized", epochs=1, batch_size=BATCH_SIZE, lr=LR,
-            device=device, seed=SEED, progress=False,
+            device=device, seed=SEED, progress=False, threads=None,
         )  # fmt: skip
         _sync(device)
         total = CLOCK() - t0

@@ -74,6 +74,7 @@ def run_one(args, data, name, seed, objective, target=None, lam=0.1, variant=Non
         seed=seed,
         test_data=(data.x_test, data.y_test),
         progress=False,
+        threads=None,  # the count of --threads
         **kwargs,
     )
     wall = time.perf_counter() - start
@@ -87,8 +88,7 @@ def run_one(args, data, name, seed, objective, target=None, lam=0.1, variant=Non
         "wall_s": wall,
     }
     if objective == "constrained":
-        final.update(constrained_summary(net, target, per_layer=args.per_layer))
-        final["multipliers"] = result.multipliers.tolist()
+        final.update(constrained_summary(result, target, per_layer=args.per_layer))  # with the final-phase check
     settings = {
         "data": args.data,
         "model": args.model,

@@ -74,6 +74,7 @@ def main(argv=None):
         device="cpu", seed=0, test_data=(x_test, y_test), progress=False,
         checkpoint=os.path.join(args.out, "checkpoint.pt"), input_shape=(784,),
         log_alpha_range=(math.log(0.01), math.log(100.0)) if args.clamp else None, ema_decay=args.ema,
+        threads=None,  # the count of --threads
     )  # fmt: skip
     history = [(r["epoch"], r["test_error"], r["active_gates"], r["expected_flops"]) for r in result.history]
     with open(os.path.join(args.out, "history.json"), "w") as f:

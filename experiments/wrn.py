@@ -170,6 +170,7 @@ def train_l0(args, run, x, y, x_test, y_test, out):
         input_shape=(1, 32, 32),
         progress=False,
         checkpoint=str(out / "checkpoint.pt"),  # holds the history so far after every epoch
+        threads=None,  # the count of --threads
         **extra,
     )
     for record in result.history:

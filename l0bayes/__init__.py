@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["HardConcrete", "StretchedConcrete", "kl_hard_concrete", "select_variables", "__version__"]
+__all__ = ["HardConcrete", "StretchedConcrete", "kl_hard_concrete", "select_variables", "thread_policy", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - for static analysis and documentation tools
     from .distributions import HardConcrete, StretchedConcrete, kl_hard_concrete
     from .models.selection import select_variables
+    from .threads import thread_policy
 
 
 def __getattr__(name):
@@ -24,6 +25,10 @@ def __getattr__(name):
         from .models.selection import select_variables
 
         return select_variables
+    if name == "thread_policy":
+        from .threads import thread_policy
+
+        return thread_policy
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

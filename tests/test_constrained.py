@@ -383,6 +383,35 @@ def test_a_final_phase_far_above_the_target_is_warned_and_recorded():
     assert not any("final phase" in w for w in near["warnings"])
 
 
+def test_the_summary_reads_where_the_final_phase_started_from_the_run():
+    # The run of the test above: given the TrainResult (or the history), the summary finds the density at
+    # which the gates were fixed itself, and names the layers as the network does (fc1, not net.fc1).
+    torch.manual_seed(0)
+    x, y = torch.randn(60, 4), torch.randint(0, 2, (60,))
+    model = SparseClassifier(_net())
+    with pytest.warns(UserWarning, match="final phase"):
+        result = train(
+            model, x, y, objective="constrained", target_density=0.3, epochs=2, lr=1e-4, final_phase=0.5,
+            progress=False,
+        )  # fmt: skip
+    from_result = constrained_summary(result, 0.3)
+    from_history = constrained_summary(model.net, 0.3, history=result.history)
+    for summary in (from_result, from_history):
+        assert sum("final phase started" in w for w in summary["warnings"]) == 1
+        assert list(summary["test_time_density_per_layer"]) == ["fc1", "fc2", "fc3"]
+    assert from_result["multipliers"] == result.multipliers.tolist()
+    assert list(result.history[-1]["test_time_density_per_layer"]) == ["fc1", "fc2", "fc3"]
+    assert not any("final phase" in w for w in constrained_summary(model.net, 0.3)["warnings"])  # nothing to read
+
+
+def test_per_layer_densities_are_named_as_in_the_network():
+    model = SparseClassifier(_net())
+    assert density.density_names(model) == density.density_names(model.net) == ["fc1", "fc2", "fc3"]
+    assert list(density.test_time_density(model, per_layer=True)) == ["fc1", "fc2", "fc3"]
+    summary = constrained_summary(model, [0.5, 0.5, 0.5], per_layer=True)
+    assert list(summary["target_density"]) == ["fc1", "fc2", "fc3"]
+
+
 def test_final_phase_warning_per_layer():
     net = _net()
     summary = constrained_summary(net, [0.5, 0.5, 0.5], per_layer=True, density_at_final_phase=[0.55, 0.9, 0.5])

@@ -84,8 +84,17 @@ def test_layer_types_outside_the_allow_list_are_refused(tmp_path):
 
     with pytest.raises(TypeError, match="'1'.*Custom"):
         describe_pruned(nn.Sequential(nn.Linear(2, 3), Custom()))
-    with pytest.raises(TypeError, match="nn.Sequential"):
-        save_pruned(nn.Linear(2, 3), tmp_path / "x.pt")
+    with pytest.raises(TypeError, match="'1'.*grouped convolution"):
+        save_pruned(nn.Sequential(nn.ReLU(), nn.Conv2d(4, 4, 3, groups=2)), tmp_path / "x.pt")
+
+    class Own(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 3, groups=2)
+
+    with pytest.raises(TypeError, match="'conv'.*grouped convolution"):
+        save_pruned(Own(), tmp_path / "x.pt")
+    assert not (tmp_path / "x.pt").exists()
     assert "os.system" not in LAYER_TYPES
     good = nn.Sequential(nn.Linear(2, 3))
     path = tmp_path / "crafted.pt"
@@ -108,6 +117,7 @@ def test_every_allowed_layer_round_trips(tmp_path):
 
     net = nn.Sequential(
         nn.Conv2d(2, 4, 3, stride=1, padding=1, dilation=1, bias=False),
+        nn.BatchNorm2d(4, eps=1e-3, momentum=None),
         nn.LeakyReLU(0.2),
         nn.MaxPool2d(2, ceil_mode=True),
         nn.Conv2d(4, 3, (3, 1), padding=(1, 0), padding_mode="reflect"),
@@ -120,6 +130,7 @@ def test_every_allowed_layer_round_trips(tmp_path):
         nn.Flatten(),
         SelectFeatures(torch.tensor([0, 3, 5, 6, 11]), 12),
         nn.Linear(5, 6),
+        nn.BatchNorm1d(6, affine=False, momentum=0.2),
         nn.GELU("tanh"),
         nn.Softplus(2.0, 10.0),
         nn.SiLU(),
@@ -147,3 +158,82 @@ def test_missing_and_corrupt_files(tmp_path):
     (tmp_path / "empty.pt").write_bytes(b"")
     with pytest.raises(CheckpointError, match="empty.pt"):
         load_pruned(tmp_path / "empty.pt")
+
+
+# --------------------------------------------------------------- a pruned model of your own class
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [["block1.conv1", "block2.conv1", "fc2"], ["block1.conv2", "fc1"]],
+    ids=["channels-removed", "select-features"],
+)
+def test_a_pruned_residual_cnn_of_its_own_class_round_trips(tmp_path, layers):
+    """A residual CNN with batch norm (not an nn.Sequential), gates closed at random, pruned: saved and reloaded
+    into a fresh instance of its class, it computes what the pruned model computes."""
+    from test_sparsify import ResNet, _trained_like, _x
+
+    pruned = prune(_trained_like(layers=layers, pattern=(0.5, 0.2)))
+    assert type(pruned) is ResNet
+    shapes = {k: v.shape for k, v in pruned.state_dict().items()}
+    assert shapes != {k: v.shape for k, v in ResNet().state_dict().items()}  # some channels or inputs are gone
+    path = tmp_path / "pruned.pt"
+    save_pruned(pruned, path, {"input_shape": [1, 8, 8]})
+    x = _x(6, seed=7)
+    for fresh in (ResNet, ResNet()):  # the class, or an instance of it
+        loaded, metadata = load_pruned(path, model=fresh)
+        assert type(loaded) is ResNet and not loaded.training and metadata == {"input_shape": [1, 8, 8]}
+        assert {k: v.shape for k, v in loaded.state_dict().items()} == shapes
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), pruned(x), atol=1e-6, rtol=0)
+
+
+def test_a_pruned_model_of_its_own_class_needs_the_right_fresh_model(tmp_path):
+    from test_sparsify import ResNet, _trained_like
+
+    path = tmp_path / "pruned.pt"
+    save_pruned(prune(_trained_like(layers=["block1.conv1"])), path)
+    with pytest.raises(ValueError, match=r"pass model= a fresh ResNet"):
+        load_pruned(path)
+    with pytest.raises(ValueError, match="model= is a Linear"):
+        load_pruned(path, model=nn.Linear(2, 2))
+    other = ResNet()
+    other.block1.extra = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="block1.extra"):
+        load_pruned(path, model=other)
+    with pytest.raises(ValueError, match="loads without model="):
+        sequential = tmp_path / "sequential.pt"
+        save_pruned(prune(_gated(NETWORKS["mlp"][0])), sequential)
+        load_pruned(sequential, model=ResNet)
+
+
+def test_a_file_of_the_first_version_still_loads(tmp_path):
+    """Files written before SelectFeatures recorded its dim (always 1 in an nn.Sequential) load as before."""
+    from l0bayes.nn import SelectFeatures
+
+    net = nn.Sequential(SelectFeatures(torch.tensor([0, 2]), 3), nn.Linear(2, 1)).eval()
+    layers = describe_pruned(net)
+    del layers[0]["args"]["dim"]
+    path = tmp_path / "v1.pt"
+    save_checkpoint(path, {"format": "l0bayes.pruned", "version": 1, "layers": layers, "state_dict": net.state_dict()})
+    loaded, _ = load_pruned(path)
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), net(x), atol=0, rtol=0)
+
+
+def test_a_crafted_description_of_a_model_of_its_own_class_is_refused(tmp_path):
+    from test_sparsify import ResNet
+
+    path = tmp_path / "crafted.pt"
+    state = {"format": "l0bayes.pruned", "version": 2, "model_class": "ResNet", "state_dict": {}}
+    for modules, message in (
+        ([{"name": "stem", "type": "os.system", "args": {}}], "os.system"),
+        ([{"name": "__class__", "type": "Linear", "args": {}}], "malformed"),
+        ([{"name": "stem", "type": "Sequential", "args": {"children": ["a.b"]}}], "malformed"),
+        ([{"name": "block1", "type": "module", "args": {"class": "Other"}}], "is a Other, the model has a Block"),
+        ("stem", "not a list"),
+    ):
+        save_checkpoint(path, {**state, "modules": modules})
+        with pytest.raises(ValueError, match=message):
+            load_pruned(path, model=ResNet)

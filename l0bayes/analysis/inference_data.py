@@ -34,6 +34,7 @@ import torch
 from .._checks import COUNT, SEED, check_args, whole
 from ..distributions import HardConcrete
 from ..nn.gates import HardConcreteGate, gates_of
+from ..threads import under_thread_policy
 
 
 def import_arviz():
@@ -138,6 +139,7 @@ def _weight_draws(gl, z):
 ARG_CHECKS = {"num_draws": COUNT, "seed": SEED}
 
 
+@under_thread_policy
 @torch.no_grad()
 def to_inference_data(model, num_draws=1000, feature_names=None, coords=None, weights=False, seed=0):
     r"""Draw gates (and optionally weights) from the trained guide into an :class:`arviz.InferenceData`.
@@ -152,6 +154,8 @@ def to_inference_data(model, num_draws=1000, feature_names=None, coords=None, we
         ``num_draws`` times the layer's weight count).
     :param int seed: seed of the draws (made on the CPU; torch's global CPU RNG state is restored after).
     :returns: :class:`arviz.InferenceData` with groups ``posterior`` and ``gates`` (module docstring).
+
+    Runs under :func:`~l0bayes.threads.thread_policy` (one intra-op thread unless you chose otherwise).
     """
     az = import_arviz()
     import xarray as xr

@@ -14,6 +14,15 @@ def fit(cfg, resume=False, overwrite=False):
     :param resume: continue the run in ``cfg["out"]`` from its checkpoint.
     :param overwrite: replace the outputs of an earlier run in ``cfg["out"]``.
     """
+    from ..threads import thread_policy
+
+    # --threads, or torch's own count (see l0bayes.cli.threads), for the whole run: the library's calls
+    # inside (train, pruning) keep it instead of choosing their own.
+    with thread_policy(cfg["threads"] or None) as threads:
+        return _fit(cfg, resume, overwrite, threads)
+
+
+def _fit(cfg, resume, overwrite, threads):
     from ..inference.device import resolve_device
     from .models import build_model, train_targets
 
@@ -21,7 +30,6 @@ def fit(cfg, resume=False, overwrite=False):
     run = RunDirectory(cfg["out"])
     if main_process:
         run.check(resume=resume, overwrite=overwrite)  # before the data loads; again under the lock
-    threads = _set_threads(cfg)
     try:
         device = resolve_device(cfg["device"])
     except (ValueError, RuntimeError) as err:
@@ -44,15 +52,6 @@ def fit(cfg, resume=False, overwrite=False):
             flush=True,
         )
         return _train(cfg, run, model, data, targets, resume, main_process)
-
-
-def _set_threads(cfg):
-    """``torch.set_num_threads(--threads)``; without it torch's own count (see :mod:`l0bayes.cli.threads`)."""
-    import torch
-
-    if cfg["threads"]:
-        torch.set_num_threads(cfg["threads"])
-    return torch.get_num_threads()
 
 
 def _load_data(cfg):
@@ -117,6 +116,7 @@ def _train(cfg, run, model, data, targets, resume, main_process):
             log_alpha_range=cfg["log_alpha_range"],
             ema_decay=cfg["ema"],
             compile=cfg.get("compile", False),
+            threads=None,  # the count of fit()'s thread_policy
         )
     except KeyboardInterrupt:
         if main_process:

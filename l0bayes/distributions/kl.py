@@ -5,6 +5,7 @@ import math
 import torch
 from torch.distributions.kl import register_kl
 
+from ..threads import policy_for
 from ._stable import log_logistic_density, log_sigmoid, sigmoid_difference
 from .hard_concrete import HardConcrete
 from .quadrature import (
@@ -18,6 +19,9 @@ from .quadrature import (
 )
 
 KL_METHODS = ("quadrature", "monte_carlo")
+# Quadrature nodes per gate pair at the least (float32, temperature 2/3: 12; float64: 17): a batch's operations
+# have at least this many elements per pair, which decides whether torch runs them on several threads.
+_MIN_NODES = 12
 
 
 def kl_hard_concrete(q, p, method="quadrature", num_nodes=None, num_samples=1000):
@@ -44,6 +48,11 @@ def kl_hard_concrete(q, p, method="quadrature", num_nodes=None, num_samples=1000
         largest temperature involved, see :func:`l0bayes.distributions.quadrature.num_nodes_for`).
     :param int num_samples: Monte Carlo draws per gate pair.
     :returns: tensor of the broadcast batch shape.
+
+    A batch large enough for torch to run in parallel is computed under
+    :func:`~l0bayes.threads.thread_policy` (one intra-op thread unless you chose otherwise; torch's count
+    is restored after): with more threads that spin while they wait, the KL of :math:`10^6` pairs can
+    run a hundred times slower beside one other busy process.
     """
     if not isinstance(q, HardConcrete) or not isinstance(p, HardConcrete):
         raise TypeError(f"kl_hard_concrete expects two HardConcrete, got {type(q).__name__} and {type(p).__name__}")
@@ -52,6 +61,16 @@ def kl_hard_concrete(q, p, method="quadrature", num_nodes=None, num_samples=1000
     if num_nodes is not None:
         check_num_nodes(num_nodes)
     batch_shape = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
+    if method == "monte_carlo" and (
+        isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
+    ):
+        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    per_pair = num_samples if method == "monte_carlo" else _MIN_NODES
+    with policy_for(batch_shape.numel() * per_pair):
+        return _kl(q, p, batch_shape, method, num_nodes, num_samples)
+
+
+def _kl(q, p, batch_shape, method, num_nodes, num_samples):
     shared = _shared_scalars(q, p) if method == "quadrature" else None
     if shared is not None:
         # Every gate has the same temperature and stretch as the others and as p, and only
@@ -61,8 +80,6 @@ def kl_hard_concrete(q, p, method="quadrature", num_nodes=None, num_samples=1000
     q, p = q.expand(batch_shape), p.expand(batch_shape)
 
     if method == "monte_carlo":
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         z = q.sample_continuous((num_samples,))
         log_ratio = q.base.log_prob(z) - p.base.log_prob(z)
         return _kl_atoms(q, p) + q.prob_continuous * log_ratio.mean(0)
@@ -94,9 +111,10 @@ def kl_shared_parameters(log_alpha, temperature, prior_log_alpha, prior_temperat
     if num_nodes is None:
         v0, v1 = math.log(-lower) - math.log(upper), math.log1p(-lower) - math.log(upper - 1.0)
         num_nodes = num_nodes_for(max(temperature, prior_temperature), 0.5 * (v1 - v0), log_alpha.dtype)
-    return _SharedParametersKL.apply(
-        log_alpha, temperature, prior_temperature, prior_log_alpha, lower, upper, num_nodes
-    )
+    with policy_for(log_alpha.numel() * num_nodes):  # as kl_hard_concrete
+        return _SharedParametersKL.apply(
+            log_alpha, temperature, prior_temperature, prior_log_alpha, lower, upper, num_nodes
+        )
 
 
 def _kl_atoms(q, p):

@@ -5,6 +5,7 @@ import math
 import torch
 
 from .._checks import check_seed
+from ..threads import choose_threads
 from .compiled import requirement_error
 
 __all__ = ["OBJECTIVES", "check_arguments"]
@@ -18,6 +19,14 @@ def _is_number(v):
 
 def _finite_positive(v):
     return _is_number(v) and math.isfinite(float(v)) and float(v) > 0
+
+
+def _threads_ok(v):
+    try:
+        choose_threads(v, environ={})
+    except ValueError:
+        return False
+    return True
 
 
 def _density_ok(v):
@@ -92,6 +101,11 @@ _ARGUMENT_RULES = (
         lambda a: a["compile"] is True and a["objective"] in OBJECTIVES,
         lambda a: requirement_error(a["model"], a["objective"]) is None,
         lambda a: requirement_error(a["model"], a["objective"]),
+    ),
+    (
+        lambda a: True,
+        lambda a: _threads_ok(a["threads"]),
+        "threads must be 'auto', None or a positive int, got {threads!r}",
     ),
     (
         lambda a: a["optimizer"] is not None,

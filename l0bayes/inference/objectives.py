@@ -392,21 +392,37 @@ def make_objective(objective, model, num_data, **constrained):
 
 
 def constrained_summary(
-    model, target_density, per_layer=False, multipliers=None, tolerance=0.02, density_at_final_phase=None
+    model,
+    target_density,
+    per_layer=False,
+    multipliers=None,
+    tolerance=0.02,
+    density_at_final_phase=None,
+    history=None,
 ):
     """What a constrained run achieved at test time, and one-line warnings when it missed.
 
-    :param model: the trained network (or model) holding the gates.
+    :param model: the :class:`~l0bayes.inference.TrainResult` of the run (its model, multipliers and
+        history are then used), or the trained network (or model) holding the gates.
     :param multipliers: the run's final multipliers (``TrainResult.multipliers``), copied into the summary.
-    :param density_at_final_phase: the history's ``density_at_final_phase`` (the expected density when the
-        gates were fixed); a warning says when it exceeded its target by more than ``FINAL_PHASE_GAP``.
+    :param density_at_final_phase: the expected density when the gates were fixed (the history's
+        ``density_at_final_phase``); by default read from the history. A warning says when it exceeded
+        its target by more than ``FINAL_PHASE_GAP``.
+    :param history: the run's history (``TrainResult.history``) when ``model`` is not a ``TrainResult``.
     :returns: ``{"target_density", "test_time_density", "test_time_density_per_layer", "warnings"}``
-        (and ``"multipliers"`` when given): the target (a float, or ``{layer: target}`` with
+        (and ``"multipliers"`` when known): the target (a float, or ``{layer: target}`` with
         ``per_layer``), the test-time density of the network and of each gated layer
-        (:func:`~l0bayes.nn.density.test_time_density`), and a list of one-line warnings: a constraint
-        more than ``tolerance`` off its target, a layer with no gate open, a final phase that started far
-        above the target.
+        (:func:`~l0bayes.nn.density.test_time_density`, keyed by :func:`~l0bayes.nn.density.density_names`),
+        and a list of one-line warnings: a constraint more than ``tolerance`` off its target, a layer with no
+        gate open, a final phase that started far above the target.
     """
+    if not isinstance(model, torch.nn.Module) and hasattr(model, "history") and hasattr(model, "model"):
+        history = model.history if history is None else history
+        multipliers = model.multipliers if multipliers is None else multipliers
+        model = model.model
+    if density_at_final_phase is None and history:
+        started = [r["density_at_final_phase"] for r in history if r.get("density_at_final_phase") is not None]
+        density_at_final_phase = started[-1] if started else None
     names = density_names(model)
     overall = test_time_density(model)
     layers = test_time_density(model, per_layer=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..threads import thread_policy
 from .arguments import OBJECTIVES, check_arguments
 from .averaging import ParameterAverage
 from .batches import make_batches
@@ -76,6 +77,7 @@ def train(
     compile=False,
     callbacks=(),
     num_data=None,
+    threads="auto",
 ):
     r"""Train a sparse model with minibatch Adam, or the optimiser and schedule a factory builds.
 
@@ -154,6 +156,11 @@ def train(
         steps pay the compilation (seconds to tens of seconds), conditional computation is off, and the
         values agree with the eager step up to rounding; see ``docs/guide/training.md``, "Compiling the
         training step".
+    :param threads: torch's intra-op thread count during the call (:func:`~l0bayes.threads.thread_policy`; the
+        caller's count is restored after, also on an error). ``"auto"`` (default): one thread, unless
+        ``OMP_NUM_THREADS`` is set or an enclosing ``thread_policy`` chose (then that count): torch's default,
+        one spinning OpenMP thread per core, runs many times slower as soon as another process wants a core.
+        ``None``: torch's count as it is (e.g. after your own ``torch.set_num_threads``); an int: that count.
     :param callbacks: more :class:`~l0bayes.inference.callbacks.Callback` objects (e.g.
         :class:`~l0bayes.inference.callbacks.TensorBoard`, :class:`~l0bayes.inference.callbacks.EarlyStopping`,
         your own), called after the ones ``train`` builds from its arguments (history, schedule, progress)
@@ -165,20 +172,28 @@ def train(
     """
     arguments = dict(locals())
     check_arguments(arguments, x, y)
+    with thread_policy(threads):
+        return _train(arguments)
+
+
+def _train(arguments):
+    """:func:`train` after its argument checks, under its thread policy (``arguments``: train's, by name)."""
+    model, x, y, distributed, device = (arguments[k] for k in ("model", "x", "y", "distributed", "device"))
     if torch.is_tensor(x):
         x, y = check_data(model, x, y, ("x", "y"))
-    if test_data is not None:
-        arguments["test_data"] = _test_data(model, test_data)
+    if arguments["test_data"] is not None:
+        arguments["test_data"] = _test_data(model, arguments["test_data"])
     ddp = DataParallelContext(distributed, device)
-    if compile and ddp.enabled:
+    if arguments["compile"] and ddp.enabled:
         raise ValueError("compile=True is not supported with data-parallel training; leave compile off under torchrun")
     seed_everything(ddp.seed(arguments["seed"]))  # the gate seed differs between ranks: each draws its own gates
     model.to(ddp.device)
     run, settings = _build_run(model, x, y, arguments, ddp)
-    checkpointing = Checkpointing(checkpoint, ddp, settings) if checkpoint is not None else None
+    path = arguments["checkpoint"]
+    checkpointing = Checkpointing(path, ddp, settings) if path is not None else None
     run.callbacks = _callbacks(run, arguments, checkpointing)
     run.callbacks.setup(run)
-    if resume:
+    if arguments["resume"]:
         _restore(run, checkpointing, arguments)
     try:
         fit(run)

@@ -39,6 +39,7 @@ from ..analysis.importance import KHAT_THRESHOLD, importance_check, khat_meaning
 from ..distributions import kl_hard_concrete
 from ..inference.single_effects import credible_sets, fit_single_effects
 from ..nn.gates import prior_like
+from ..threads import thread_policy
 
 FAMILIES = ("gaussian", "bernoulli")
 UNRELIABLE = (
@@ -489,6 +490,7 @@ def select_variables(
     dtype=torch.float64,
     num_draws=2000,
     seed=0,
+    threads="auto",
     **options,
 ):
     r"""Which features of ``X`` matter for ``y``? Inclusion probabilities you can check.
@@ -504,6 +506,9 @@ def select_variables(
     :param feature_names: names for the result (default the column indices).
     :param device: where to compute (``"cpu"``, ``"cuda"``; default: the device of a tensor ``X``, else CPU).
     :param int num_draws: importance-sampling draws per round.
+    :param threads: torch's intra-op thread count during the fit, as in :func:`~l0bayes.inference.train`
+        (:func:`~l0bayes.threads.thread_policy`): ``"auto"`` one thread unless the environment or an enclosing
+        ``thread_policy`` chose, ``None`` torch's count, or an int; the caller's count is restored after.
     :param options: advanced: ``num_effects`` (10, the starting number of single effects),
         ``tol`` (1e-3 nats for the ELBO; 1e-4 relative for bernoulli), ``max_iter`` (100 sweeps),
         ``rounds`` (3 adaptive rounds at most), ``lr`` (0.05) and ``max_steps`` (5000) for bernoulli.
@@ -516,6 +521,27 @@ def select_variables(
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     _check_hyper(prior_inclusion, slab_scale, noise_scale)
+    with thread_policy(threads):
+        return _select(
+            X,
+            y,
+            family,
+            prior_inclusion,
+            slab_scale,
+            noise_scale,
+            feature_names,
+            device,
+            dtype,
+            num_draws,
+            seed,
+            options,
+        )
+
+
+def _select(
+    X, y, family, prior_inclusion, slab_scale, noise_scale, feature_names, device, dtype, num_draws, seed, options
+):
+    """:func:`select_variables` after its first checks, under its thread policy."""
     if device is None:
         device = X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
     device = torch.device(device)
@@ -564,5 +590,5 @@ def select_variables(
         details=fit["details"],
     )
     if not result.reliable:
-        warnings.warn(result.diagnostic, RuntimeWarning, stacklevel=2)
+        warnings.warn(result.diagnostic, RuntimeWarning, stacklevel=3)
     return result

@@ -19,12 +19,23 @@ __all__ = ["density_names", "expected_density", "test_time_density"]
 
 
 def density_names(module):
-    """The names under which the per-layer densities are reported: the gated layers' names (``"fc1"``)."""
-    return [_layer_name(name) for name, _ in _gates(module)]
+    """The names under which the per-layer densities are reported: the gated layers' names (``"fc1"``).
+
+    The names are those of the gated network: for a model that holds it as ``net`` (e.g.
+    :class:`~l0bayes.models.SparseClassifier`) without that prefix, as in :mod:`l0bayes.analysis`.
+    """
+    return _layer_names(module, _gates(module))
 
 
 def _layer_name(gate_name):
     return gate_name[: -len(".gate")] if gate_name.endswith(".gate") else (gate_name or "gate")
+
+
+def _layer_names(module, gates):
+    names = [_layer_name(name) for name, _ in gates]
+    if isinstance(getattr(module, "net", None), torch.nn.Module) and all(n.startswith("net.") for n in names):
+        names = [n[len("net.") :] for n in names]  # the wrapped network's own names
+    return names
 
 
 def _gates(module):
@@ -63,5 +74,5 @@ def test_time_density(module, per_layer=False):
     kept = [int(g.active().sum()) * g.group_size for _, g in gates]
     sizes = [g.num_gates * g.group_size for _, g in gates]
     if per_layer:
-        return {_layer_name(name): k / n for (name, _), k, n in zip(gates, kept, sizes, strict=True)}
+        return {name: k / n for name, k, n in zip(_layer_names(module, gates), kept, sizes, strict=True)}
     return sum(kept) / sum(sizes)

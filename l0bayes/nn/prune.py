@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..threads import under_thread_policy
 from .gates import HardConcreteGate
 from .layers import L0Conv2d, L0Linear
 from .penalty import l0_layers
@@ -226,6 +227,7 @@ def _example_inputs(module, example_inputs):
     return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
 
 
+@under_thread_policy
 @torch.no_grad()
 def prune(module, example_inputs=None):
     r"""A plain dense module equal to ``module`` in ``eval()`` mode, with closed groups removed.
@@ -248,6 +250,8 @@ def prune(module, example_inputs=None):
     the weights (``W[:, i] * z_i`` for :class:`L0Linear`, ``(W_c, b_c) * z_c`` for
     :class:`L0Conv2d`). Contains only ``nn.Linear``, ``nn.Conv2d``, copies of the other layers and
     :class:`SelectFeatures`; returned in ``eval()`` mode. See the module docstring for the rules.
+
+    Runs under :func:`~l0bayes.threads.thread_policy` (one intra-op thread unless you chose otherwise).
     """
     if _is_sparsified(module):
         from .dependency import prune_graph
@@ -463,8 +467,12 @@ class PruneReport:
     pruned: nn.Module | None = field(default=None, repr=False, compare=False)
 
     @classmethod
+    @under_thread_policy
     def from_model(cls, module, input_shape):
-        """Prune ``module`` (kept in :attr:`pruned`) and count both; ``input_shape`` without batch dim."""
+        """Prune ``module`` (kept in :attr:`pruned`) and count both; ``input_shape`` without batch dim.
+
+        Runs under :func:`~l0bayes.threads.thread_policy` (one intra-op thread unless you chose otherwise).
+        """
         pruned = prune(module)
         with torch.no_grad():
             expected = float(expected_flops(module, input_shape))
