@@ -269,7 +269,7 @@ class ConstrainedObjective(Objective):
                 f"density {d:.3f} against the target {t:.3f}; the final phase removes the difference at once, "
                 "which can cost much accuracy: train more epochs or raise multiplier_lr",
                 UserWarning,
-                stacklevel=6,  # the caller of train() (train, fit, the epochs loop, start_epoch, this)
+                stacklevel=7,  # the caller of train() (train, _train, fit, the epochs loop, start_epoch, this)
             )
 
     @torch.no_grad()
