@@ -461,3 +461,24 @@ def test_layer_labels():
         "layer2.0.conv1",
     ]
     assert layer_labels([""]) == ["gates"] and layer_labels(["fc1", "fc2"]) == ["fc1", "fc2"]
+
+
+def test_tensorboard_flag_logs_the_run_and_resumes_it(tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, logs = tmp_path / "run", tmp_path / "tb"
+    assert main([*TINY, "--epochs", "1", "--out", str(out), "--tensorboard", str(logs)]) == 0
+    assert main(["--resume", "--out", str(out), "--epochs", "2", "--tensorboard", str(logs)]) == 0
+    events = EventAccumulator(str(logs))
+    events.Reload()
+    history = json.loads((out / "history.json").read_text())
+    logged = [(e.step, e.value) for e in events.Scalars("test_error")]
+    assert logged == [(r["epoch"], pytest.approx(r["test_error"])) for r in history]
+    assert {"open_gates/fc1", "open_gates/fc2", "open_gates/fc3"} <= set(events.Tags()["scalars"])
+    capsys.readouterr()
+    # a new run into a directory with another run's events is refused in one line
+    lines = _one_line_error(
+        capsys, main([*TINY, "--epochs", "1", "--out", str(tmp_path / "b"), "--tensorboard", str(logs)])
+    )
+    assert "another run" in lines[-1]

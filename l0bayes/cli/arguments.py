@@ -260,4 +260,11 @@ def build_parser():
         "other files are left alone",
     )
     g.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
+    g.add_argument(
+        "--tensorboard",
+        default=None,
+        metavar="DIR",
+        help="log every epoch's record and the open gates per layer to TensorBoard event files in DIR (a new "
+        "directory, or the run's own on --resume; needs `pip install tensorboard`)",
+    )
     return parser

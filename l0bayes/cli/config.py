@@ -37,9 +37,10 @@ DEFAULTS = {
     "threads": None,
     "out": None,
     "progress": True,
+    "tensorboard": None,
 }
 # What --resume may change; everything else must match the run being resumed.
-RESUMABLE = {"epochs", "device", "compile", "threads", "out", "progress"}
+RESUMABLE = {"epochs", "device", "compile", "threads", "out", "progress", "tensorboard"}
 
 
 def _fill_defaults(cfg):

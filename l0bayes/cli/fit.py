@@ -117,6 +117,7 @@ def _train(cfg, run, model, data, targets, resume, main_process):
             ema_decay=cfg["ema"],
             compile=cfg.get("compile", False),
             threads=None,  # the count of fit()'s thread_policy
+            callbacks=_callbacks(cfg, main_process),
         )
     except KeyboardInterrupt:
         if main_process:
@@ -126,11 +127,26 @@ def _train(cfg, run, model, data, targets, resume, main_process):
         raise CLIError(f"training diverged: {err}", code=1) from None
     except ValueError as err:  # data checks of train(), e.g. labels out of range
         raise CLIError(str(err), code=1) from None
+    except FileExistsError as err:  # --tensorboard DIR holding another run's events
+        raise CLIError(str(err), code=1) from None
     wall = time.perf_counter() - start
     if not main_process:
         return 0
     _finish(cfg, run, data, result, wall)
     return 0
+
+
+def _callbacks(cfg, main_process):
+    """``--tensorboard DIR``: the TensorBoard callback (its package checked before any training)."""
+    if not cfg.get("tensorboard") or not main_process:
+        return []
+    try:
+        import tensorboard  # noqa: F401 - torch.utils.tensorboard needs it
+    except ImportError:
+        raise CLIError("--tensorboard needs the tensorboard package: pip install tensorboard", code=1) from None
+    from ..inference.callbacks import TensorBoard
+
+    return [TensorBoard(cfg["tensorboard"])]
 
 
 def _report_interrupt(run, resume):
