@@ -1,4 +1,6 @@
-"""Our Lagrangian step against Cooper's (``cooper-optim``), on the digits MLP with a model-wise target (issue 11).
+"""Our Lagrangian step against Cooper's (``cooper-optim``), on the digits MLP with a model-wise target.
+
+Results: ``benchmarks/RESULTS.md``, "Constrained sparsity" (Cooper).
 
 Both run phase 1 of the constrained objective, the same problem and the same updates: Adam on the model
 for :math:`\\frac1N \\text{nll} + \\mu (d - \\epsilon)` and projected gradient ascent

@@ -1,4 +1,4 @@
-"""CPU inference speed of a pruned Wide ResNet against the dense one, next to their FLOP ratio (issue 14).
+"""CPU inference speed of a pruned Wide ResNet against the dense one, next to their FLOP ratio.
 
 For each closed fraction ``f`` the gates of a WRN-d-k with the paper's placement
 (:func:`~l0bayes.nn.l0_wide_resnet`, one gate per output channel of every block's first
@@ -18,7 +18,8 @@ compiled with ``torch.compile`` (Inductor: C++ kernels that fuse the residual ad
 ReLU into one pass; needs a C++ compiler; the compilation happens in the untimed warm-up call).
 
 Reported: FLOP ratio (dense / pruned), measured speedup (median over repeats of dense time / pruned
-time), and speedup / FLOP ratio (the issue asks for at least 0.8)::
+time), and speedup / FLOP ratio (the target is at least 0.8; results in ``benchmarks/RESULTS.md``,
+"Pruning and export")::
 
     python benchmarks/bench_pruned_speed.py --depth 16 --width 4 --batch-size 64 --fractions 0.25 0.5 0.75
 """

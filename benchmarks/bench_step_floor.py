@@ -1,6 +1,7 @@
 """Where the penalised MLP step's overhead over the dense step comes from: a floor, a C++ prototype, torch.compile.
 
-Issue 13 asks for a penalised step of the MLP 784-300-100 at batch 100 within 1.10x of the dense step.
+The target is a penalised step of the MLP 784-300-100 at batch 100 within 1.10x of the dense step
+(``benchmarks/RESULTS.md``, "Where the floor is").
 This benchmark times, interleaved in one process on the same minibatches (as ``bench_training.py``):
 
 * ``dense``: the dense MLP's step (the reference);

@@ -1,4 +1,4 @@
-"""Seconds per epoch of ``train()`` against a bare training loop doing the same steps (issue 13 / 11).
+"""Seconds per epoch of ``train()`` against a bare training loop doing the same steps (RESULTS.md, "train() overhead").
 
 The bare loop: shuffle, index the minibatch, ``zero_grad``, the model's ``penalized_loss``, ``backward``,
 fused Adam ``step``: nothing else. ``train()`` adds its objective object, the finiteness check, the

@@ -11,8 +11,8 @@ MLP 784-300-100-10 trained with Adam (lr 1e-3) in these ways:
   ``train(objective="penalized", log_alpha_range=..., ema_decay=0.999)``;
 * ``bayes``: SVI on Eq. 21 with the analytic gate KL as ``train(objective="bayes")`` runs it:
   ``SparseClassifier.bayes_loss`` (all gates in one fused pass, the KL with its closed-form gradient);
-* ``penalized_autograd``: ``penalized`` with the layers' product as it was before issue 13, for a
-  side-by-side measure of that issue's change: ``F.linear(x * z, W, b)`` and ``F.conv2d(x, W, b) * z``
+* ``penalized_autograd``: ``penalized`` with the layers' products written the plain way, for a
+  side-by-side measure of the hand-written ones: ``F.linear(x * z, W, b)`` and ``F.conv2d(x, W, b) * z``
   differentiated by autograd
   (no hand-written backward, no open-gate count, no conditional computation);
 * ``bayes_pyro``: the same free energy through Pyro, ``TraceMeanField_ELBO().differentiable_loss(
@@ -31,7 +31,7 @@ only ``K`` minibatches are timed per method and repeat and the time is extrapola
 (600 steps). Finally ``train(..., objective="penalized", epochs=1, progress=False)`` is timed once
 to show the overhead of the entry point (data checks, per-epoch free-energy record).
 
-Issue 13 adds three measurements, each its own run:
+Three more measurements, each its own run (``benchmarks/RESULTS.md``, "Training speed"):
 
 * ``--curve F1 F2 ...``: the penalised step with a fraction ``F`` of fc1's input gates closed
   (their ``log_alpha`` set to -30, a random subset), conditional computation on (``"auto"``) and
@@ -43,19 +43,20 @@ Issue 13 adds three measurements, each its own run:
   step under :class:`~l0bayes.inference.CompiledStep`: forward, loss and backward compiled, Adam eager)
   against eager, with the first-call (compile) time and the graphs compiled;
 
-Issue 15 adds ``--cuda-graph`` (CUDA only): the dense, penalised (with and without the paper code's
-projection and averaging) and Bayes steps each captured whole in a ``torch.cuda.CUDAGraph`` (minibatch
-gather from the GPU-resident data, forward, loss, backward, fused Adam with ``capturable=True``) and
-replayed, against the eager steps, interleaved as above; ``--graph-compile`` adds the dense and penalised
-graphs with the loss under ``torch.compile`` (fewer, fused kernels per step). At batch 100 a step is a few dozen
-tiny kernels, so the launch cost, which a replay pays once, is the limit of the eager step.
+On a GPU, ``--cuda-graph`` (CUDA only; ``benchmarks/RESULTS.md``, "GPU"): the dense, penalised (with and
+without the paper code's projection and averaging) and Bayes steps each captured whole in a
+``torch.cuda.CUDAGraph`` (minibatch gather from the GPU-resident data, forward, loss, backward, fused
+Adam with ``capturable=True``) and replayed, against the eager steps, interleaved as above;
+``--graph-compile`` adds the dense and penalised graphs with the loss under ``torch.compile`` (fewer,
+fused kernels per step). At batch 100 a step is a few dozen tiny kernels, so the launch cost, which a
+replay pays once, is the limit of the eager step.
 
 Example::
 
     python benchmarks/bench_training.py --repeats 3 --markdown
     python benchmarks/bench_training.py --steps 200 --profile 50
     python benchmarks/bench_training.py --threads 1 --clock cpu --steps 200   # on a shared machine
-    python benchmarks/bench_training.py --device cuda --cuda-graph --graph-compile --steps 300   # issue 15
+    python benchmarks/bench_training.py --device cuda --cuda-graph --graph-compile --steps 300   # on a GPU
 """
 
 import argparse
@@ -87,9 +88,9 @@ BATCH_SIZE = PAPER_BATCH_SIZE  # --batch-size
 LR = 1e-3
 LAM = 0.1
 SEED = 0
-TARGETS = {"penalized": 1.10, "bayes": 1.25}  # max ratio to dense (CPU), issue 13
-GPU_TARGETS = {"penalized": 1.2, "bayes": 1.4}  # max ratio to dense on a GPU, issue 15
-GRAPH_TARGET_IMAGES_PER_S = 1_000_000  # the MLP's penalised step at batch 100 with CUDA graphs, issue 15
+TARGETS = {"penalized": 1.10, "bayes": 1.25}  # max ratio to dense (CPU), RESULTS.md "CPU step cost"
+GPU_TARGETS = {"penalized": 1.2, "bayes": 1.4}  # max ratio to dense on a GPU, RESULTS.md "GPU"
+GRAPH_TARGET_IMAGES_PER_S = 1_000_000  # the MLP's penalised step at batch 100 with CUDA graphs
 METHODS = ("dense", "penalized", "penalized_autograd", "penalized_protocol", "bayes", "bayes_pyro")
 
 
@@ -120,7 +121,7 @@ def make_model(method, device):
 
 @contextlib.contextmanager
 def autograd_hot_path():
-    """Within the context the gated layers run as before issue 13: ``F.linear(x * z, W, b)`` and the convolution's
+    """Within the context the gated layers run the plain way: ``F.linear(x * z, W, b)`` and the convolution's
     output scaled by the gates, ``F.conv2d(x, W, b) * z``, differentiated by autograd, no open-gate count."""
     saved = (layers.gated_linear, layers.gated_conv2d, gate_set._Group.open_counts)
     layers.gated_linear = lambda x, z, weight, bias, mode, num_open: F.linear(x * z, weight, bias)
@@ -258,7 +259,7 @@ def profile_bayes(x, y, device, steps, top):
     return out.getvalue()
 
 
-# ---------------------------------------------------------------------------- issue 13: sparsity curve
+# ---------------------------------------------------------------------------- sparsity curve
 def close_fc1(model, fraction, seed=SEED):
     """Close a random ``fraction`` of fc1's input gates (``log_alpha = -30``: ``z = 0`` in every draw)."""
     fc1 = model.net.fc1
@@ -334,7 +335,7 @@ def plot_curve(rows, path, title):
     fig.savefig(path, dpi=120)
 
 
-# ---------------------------------------------------------------------------- issue 13: peak memory
+# ---------------------------------------------------------------------------- peak memory
 def _peak_rss_worker(method, steps, threads, data_dir, queue):
     import resource
 
@@ -365,7 +366,7 @@ def peak_rss(methods, steps, threads, data_dir):
     return out
 
 
-# ---------------------------------------------------------------------------- issue 13: torch.compile
+# ---------------------------------------------------------------------------- torch.compile
 def compiled_step(method, model, num_data):
     """A step as ``train(compile=True)`` takes it: the objective's step under :class:`CompiledStep`, backward, Adam."""
     optimizer = torch.optim.Adam(model.parameters(), lr=LR, fused=True)
@@ -443,9 +444,9 @@ def interleaved(steps_by_name, x, y, order, repeats, count, device, start=lambda
     return times
 
 
-# ---------------------------------------------------------------------------- issue 15: CUDA graphs
+# ---------------------------------------------------------------------------- CUDA graphs
 GRAPH_METHODS = ("dense", "penalized", "penalized_protocol", "bayes")
-COMPILE_METHODS = ("dense", "penalized")  # --graph-compile: the issue's MLP target and its reference
+COMPILE_METHODS = ("dense", "penalized")  # --graph-compile: the MLP's graph target and its reference
 
 
 def graph_loss(method, model, num_data):
@@ -652,13 +653,13 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave the default)")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     parser.add_argument(
-        "--curve", type=float, nargs="+", default=None, help="issue 13: fractions of fc1's gates to close (only this)"
+        "--curve", type=float, nargs="+", default=None, help="fractions of fc1's gates to close (only this)"
     )
     parser.add_argument("--figure", default=None, help="with --curve: write the plot here (never overwritten)")
-    parser.add_argument("--memory", action="store_true", help="issue 13: peak RSS per method, fresh processes")
-    parser.add_argument("--compile", action="store_true", help="issue 13: torch.compile against eager")
+    parser.add_argument("--memory", action="store_true", help="peak RSS per method, fresh processes")
+    parser.add_argument("--compile", action="store_true", help="torch.compile against eager")
     parser.add_argument(
-        "--cuda-graph", action="store_true", help="issue 15: whole steps as CUDA graphs against eager (CUDA only)"
+        "--cuda-graph", action="store_true", help="whole steps as CUDA graphs against eager (CUDA only)"
     )
     parser.add_argument(
         "--graph-compile", action="store_true", help="with --cuda-graph: also graphs of the torch.compile'd loss"

@@ -1,10 +1,10 @@
 """Variable selection on correlated designs: ``l0bayes.select_variables`` against SuSiE and LassoCV.
 
-The synthetic design of issue 12: ``n`` rows, ``p`` columns following an AR(1) process across
-columns (correlation ``rho`` between neighbours, unit variance), ``effects`` true coefficients at
-random positions with ``|b|`` uniform in [0.3, 1] and random signs, noise sd 1. Every method sees
-the same data; within a setting the methods run back to back, in an order that rotates with the
-seed. Reported per setting, as mean ± sd over seeds:
+The synthetic design (``benchmarks/RESULTS.md``, "Variable selection"): ``n`` rows, ``p`` columns
+following an AR(1) process across columns (correlation ``rho`` between neighbours, unit variance),
+``effects`` true coefficients at random positions with ``|b|`` uniform in [0.3, 1] and random signs,
+noise sd 1. Every method sees the same data; within a setting the methods run back to back, in an
+order that rotates with the seed. Reported per setting, as mean ± sd over seeds:
 
 * AUPRC of the true support (scikit-learn's average precision; inclusion probabilities for the
   Bayesian methods, ``|coef|`` for the Lasso);

@@ -1,4 +1,4 @@
-"""Constrained sparsity against its targets (issue 11): test-time density, error and architecture per run.
+"""Constrained sparsity against its targets: test-time density, error and architecture per run.
 
 Trains the gated MLP (or LeNet-5) with ``objective="constrained"`` for each target (model-wise, or one per
 layer with ``--per-layer``) and, for comparison, with the penalised objective for each ``--lam``; every run

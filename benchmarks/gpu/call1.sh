@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 1 of issue 15 (benchmarks/gpu/README.md): the test suite on CUDA, the throughput tables
+# Device call 1 of the GPU runs (benchmarks/gpu/README.md): the test suite on CUDA, the throughput tables
 # (eager and CUDA graphs), the KL of 10^7 gate pairs, select_variables at p = 100,000, and data-parallel
 # training under torchrun with checkpoint and resume. Everything goes to $OUT: call1.md (machine, the
 # tables, each step's tail), tests.log, bench.log, ddp.log. Each step has its own time limit, and the

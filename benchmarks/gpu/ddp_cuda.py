@@ -1,4 +1,4 @@
-"""Data-parallel training on CUDA, end to end with checkpoint and resume (issue 15, item 4); run under torchrun.
+"""Data-parallel training on CUDA, end to end with checkpoint and resume; run under torchrun.
 
 Every rank trains the L0 MLP 784-300-100 (penalised, lambda 0.1/N, Adam 1e-3, global batch ``--batch-size``)
 on the first ``--subset`` Fashion-MNIST training images through :func:`l0bayes.inference.train` three

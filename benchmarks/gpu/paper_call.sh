@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call of the paper's 200-epoch runs (issue 15, item 3): call2.sh and call3.sh name the runs.
+# One device call of the paper's 200-epoch runs (benchmarks/gpu/README.md): call2.sh and call3.sh name the runs.
 #   bash benchmarks/gpu/paper_call.sh NAME RUN...
 # Runs benchmarks/gpu/paper_runs.py on RUN... x seeds 0 1 2 into runs/gpu-paper (kept on the machine while
 # it stays warm: a later call continues unfinished L0 runs from their checkpoints and skips finished jobs),

@@ -1,4 +1,4 @@
-"""The paper's 200-epoch runs (issue 15, item 3) as parallel processes on one GPU, within a deadline.
+"""The paper's 200-epoch runs as parallel processes on one GPU, within a deadline.
 
 Each job is one run of one seed, as ``experiments/paper.py`` runs it (``--runs NAME --seed S --device
 cuda --threads 1``, the paper code's protocol: He initialisation, log_alpha projection, parameter

@@ -1,4 +1,4 @@
-"""``select_variables`` at large ``p`` on CUDA, with the CPU beside it (issue 15; the design of issue 12).
+"""``select_variables`` at large ``p`` on CUDA, with the CPU beside it.
 
 The AR(1) design of ``benchmarks/bench_variable_selection.py`` (``make_data``, scored by its ``score``:
 AUPRC, true / false selections), ``n`` rows, ``p`` columns, ``--effects`` true effects; for each seed

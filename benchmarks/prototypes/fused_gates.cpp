@@ -1,7 +1,7 @@
 // A measurement prototype, not part of the package: the gate draw (Eq. 10-11), Eq. 12 and the gated
 // products' gate gradients of the penalised MLP step as hand-written CPU loops, one call each, to measure
 // how much of the step's overhead per-operation dispatch costs (benchmarks/bench_step_floor.py,
-// benchmarks/RESULTS.md "Issue 13 / Session 6"). Compiled on first use by torch.utils.cpp_extension.load.
+// benchmarks/RESULTS.md "Where the floor is"). Compiled on first use by torch.utils.cpp_extension.load.
 #include <torch/extension.h>
 #include <cmath>
 using torch::Tensor;

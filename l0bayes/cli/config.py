@@ -56,7 +56,7 @@ def _fill_defaults(cfg):
     if cfg["epochs"] is None:
         cfg["epochs"] = 100 if data in BUNDLED else 10
     if cfg["threads"] is None and (data in BUNDLED or model == "mlp"):
-        # Measured (benchmarks/RESULTS.md, "Issue 16 (threads)"): one thread is within 1.15x of the best setting
+        # Measured (benchmarks/RESULTS.md, "Threads"): one thread is within 1.15x of the best setting
         # for the MLP, idle and beside a busy process. Else (LeNet-5's convolutions, not measured) torch's count,
         # with passive OpenMP waiting (l0bayes.cli.threads).
         cfg["threads"] = 1

@@ -1,7 +1,7 @@
 """Threads of ``l0bayes fit``: torch's intra-op thread count, with OpenMP threads that sleep when they wait.
 
-Measured in ``benchmarks/bench_threads.py`` (results in ``benchmarks/RESULTS.md``, section "Issue 16
-(threads)") on the step of the Fashion-MNIST MLP 784-300-100 (minibatches of 100): with OpenMP's
+Measured in ``benchmarks/bench_threads.py`` (results in ``benchmarks/RESULTS.md``, section "Threads")
+on the step of the Fashion-MNIST MLP 784-300-100 (minibatches of 100): with OpenMP's
 default wait policy, waiting threads spin, and two intra-op threads run several times *slower* than
 one as soon as another process wants a core (the spinning thread holds a core while the thread it
 waits for is descheduled). With ``OMP_WAIT_POLICY=PASSIVE`` waiting threads sleep instead; two

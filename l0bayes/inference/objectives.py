@@ -44,7 +44,7 @@ __all__ = [
     "make_objective",
 ]
 
-# Defaults of the constrained objective, chosen by measurement (benchmarks/RESULTS.md, "Issue 11").
+# Defaults of the constrained objective, chosen by measurement (benchmarks/RESULTS.md, "Constrained sparsity").
 MULTIPLIER_LR_PER_LR = 3.0  # train(): multiplier_lr = 3 * lr unless given
 MULTIPLIER_LR = 0.03  # 3 * 1e-2, the digits learning rate
 DUAL_RESTARTS = True

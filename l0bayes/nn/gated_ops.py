@@ -33,7 +33,8 @@ CONDITIONAL_MODES = ("auto", True, False)
 
 #: Largest fraction of open input columns at which the compact :class:`L0Linear` product is used
 #: in ``"auto"`` mode (CPU). Measured with ``benchmarks/bench_training.py --curve``: below it the
-#: gathered product plus scatter is faster than the full one (benchmarks/RESULTS.md, issue 13).
+#: gathered product plus scatter is faster than the full one (benchmarks/RESULTS.md, "Step time
+#: against the fraction of closed groups").
 LINEAR_OPEN_FRACTION = 0.5
 #: The same for the output maps of :class:`L0Conv2d`.
 CONV_OPEN_FRACTION = 0.5
