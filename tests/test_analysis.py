@@ -483,7 +483,7 @@ def test_exact_argument_table():
 
 
 def test_variational_inclusion_agrees_with_exact_on_diabetes(one_thread):
-    """Issue 5: Gaussian-slab SVI and the exact conjugate model agree on every clear-cut feature.
+    """Gaussian-slab SVI and the exact conjugate model agree on every clear-cut feature.
 
     Same prior inclusion (0.5), slab scale (1.0) and fixed noise (OLS residual scale) in both
     models; 300 full-batch epochs as ``python -m l0bayes``.

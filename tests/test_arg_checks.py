@@ -1,4 +1,4 @@
-"""Issue 16: every bad argument of the models, networks and readers fails early, naming the argument."""
+"""Every bad argument of the models, networks and readers fails early, naming the argument."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The CUDA-graph steps of ``benchmarks/bench_training.py --cuda-graph`` (issue 15), checked without a GPU.
+"""The CUDA-graph steps of ``benchmarks/bench_training.py --cuda-graph``, checked without a GPU.
 
 A CUDA graph cannot contain a host synchronisation: ``.item()``, ``float()``, ``int()``, ``bool()`` or
 ``.tolist()`` of a device tensor. The graph body runs here on the ``meta`` device, whose tensors have

@@ -1,4 +1,4 @@
-"""Constrained sparsity (issue 11): densities, the final phase, targets met at test time, summaries, resume."""
+"""Constrained sparsity: densities, the final phase, targets met at test time, summaries, resume."""
 
 import math
 
