@@ -44,3 +44,33 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def interrupt_at_epoch():
+    """``with interrupt_at_epoch(k): train(...)``: Ctrl-C right after the checkpoint of epoch ``k`` is written.
+
+    ``saved=False`` interrupts instead of writing it: a crash after the epoch's other side effects.
+    """
+    import contextlib
+
+    from l0bayes.inference.callbacks import checkpointing
+
+    @contextlib.contextmanager
+    def interrupt(epoch, saved=True):
+        save = checkpointing.save_checkpoint
+
+        def save_then_interrupt(path, state):
+            if saved or state["epoch"] != epoch:
+                save(path, state)
+            if state["epoch"] == epoch:
+                raise KeyboardInterrupt
+
+        checkpointing.save_checkpoint = save_then_interrupt
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                yield
+        finally:
+            checkpointing.save_checkpoint = save
+
+    return interrupt

@@ -1,5 +1,7 @@
 """The training loop's callbacks: order of events, resume, TensorBoard, early stopping, own data and losses."""
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -96,9 +98,7 @@ def test_callbacks_must_be_callbacks_and_their_state_keys_distinct():
 
 
 @pytest.mark.parametrize("objective", ["bayes", "penalized", "constrained"])
-def test_resume_with_callbacks_is_bit_identical(objective, tmp_path, monkeypatch):
-    from l0bayes.inference.callbacks import checkpointing
-
+def test_resume_with_callbacks_is_bit_identical(objective, tmp_path, interrupt_at_epoch):
     x, y = _digits_like()
     test = _digits_like(60, seed=1)
     kw = dict(objective=objective, epochs=4, batch_size=40, lr=0.02, seed=5, progress=False, test_data=test)
@@ -111,18 +111,9 @@ def test_resume_with_callbacks_is_bit_identical(objective, tmp_path, monkeypatch
     straight_model = _classifier()
     straight = train(straight_model, x, y, callbacks=callbacks(tmp_path / "tb_straight"), **kw)
 
-    save = checkpointing.save_checkpoint
-
-    def save_then_interrupt(path, state):
-        save(path, state)
-        if state["epoch"] == 2:
-            raise KeyboardInterrupt
-
     ckpt = tmp_path / "ckpt.pt"
-    monkeypatch.setattr(checkpointing, "save_checkpoint", save_then_interrupt)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupt_at_epoch(2):
         train(_classifier(), x, y, checkpoint=str(ckpt), callbacks=callbacks(tmp_path / "tb"), **kw)
-    monkeypatch.setattr(checkpointing, "save_checkpoint", save)
     torch.manual_seed(123)  # the resume restores every random state
     resumed_model = _classifier(seed=7)
     resumed = train(resumed_model, x, y, checkpoint=str(ckpt), resume=True, callbacks=callbacks(tmp_path / "tb"), **kw)
@@ -162,25 +153,15 @@ def test_tensorboard_event_file_holds_the_record(tmp_path):
         train(_classifier(), x, y, epochs=1, progress=False, callbacks=[TensorBoard(log_dir)])
 
 
-def test_tensorboard_resume_purges_what_came_after_the_checkpoint(tmp_path, monkeypatch):
+def test_tensorboard_resume_purges_what_came_after_the_checkpoint(tmp_path, interrupt_at_epoch):
     pytest.importorskip("tensorboard")
-    from l0bayes.inference.callbacks import checkpointing
-
     x, y = _digits_like()
     kw = dict(epochs=3, batch_size=40, progress=False, objective="penalized")
     ckpt, log_dir = tmp_path / "ckpt.pt", tmp_path / "tb"
-    save = checkpointing.save_checkpoint
-
-    def save_except_epoch_2(path, state):  # epoch 2 is logged but never saved: a crash after its events
-        if state["epoch"] != 2:
-            save(path, state)
-        if state["epoch"] == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(checkpointing, "save_checkpoint", save_except_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupt_at_epoch(2, saved=False):  # epoch 2 is logged but never saved: a crash after its events
         train(_classifier(), x, y, checkpoint=str(ckpt), callbacks=[TensorBoard(log_dir)], **kw)
-    monkeypatch.setattr(checkpointing, "save_checkpoint", save)
+    # TensorBoard reads event files in the order of their names, which start with the second they were opened
+    time.sleep(1.1)
     resumed = train(_classifier(), x, y, checkpoint=str(ckpt), resume=True, callbacks=[TensorBoard(log_dir)], **kw)
     steps = [s for s, _ in _scalars(log_dir)["mean_loss"]]
     assert steps == [1, 2, 3]  # epoch 2 once: the interrupted run's epoch-2 event was purged
@@ -281,25 +262,14 @@ def test_a_sparsified_model_with_its_own_loss_trains_from_a_dataloader(task, obj
         assert record["test_time_density"] <= 0.6 + 1e-9
 
 
-def test_dataloader_resume_is_bit_identical(tmp_path, monkeypatch):
-    from l0bayes.inference.callbacks import checkpointing
-
+def test_dataloader_resume_is_bit_identical(tmp_path, interrupt_at_epoch):
     x, y = _digits_like()
     loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)  # order from torch's global RNG
     kw = dict(objective="penalized", epochs=3, lr=0.05, progress=False)
     straight_model = _classifier()
     train(straight_model, loader, **kw)
-    save = checkpointing.save_checkpoint
-
-    def save_then_interrupt(path, state):
-        save(path, state)
-        if state["epoch"] == 1:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(checkpointing, "save_checkpoint", save_then_interrupt)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupt_at_epoch(1):
         train(_classifier(), loader, checkpoint=str(tmp_path / "c.pt"), **kw)
-    monkeypatch.setattr(checkpointing, "save_checkpoint", save)
     torch.manual_seed(99)
     resumed_model = _classifier()
     train(resumed_model, loader, checkpoint=str(tmp_path / "c.pt"), resume=True, **kw)

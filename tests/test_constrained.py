@@ -137,11 +137,9 @@ def _sparse_regression(n=200, p=10, seed=0):
 
 
 @pytest.mark.parametrize("objective", ["bayes", "penalized", "constrained"])
-def test_resume_is_bit_exact_for_every_objective(objective, tmp_path, monkeypatch):
+def test_resume_is_bit_exact_for_every_objective(objective, tmp_path, interrupt_at_epoch):
     # A 4-epoch run interrupted (Ctrl-C) right after its checkpoint of epoch 2, then resumed. With
     # final_phase=0.5 the constrained run fixes its gates in epochs 3-4: the resume crosses into the final phase.
-    from l0bayes.inference.callbacks import checkpointing
-
     x, y = _sparse_regression()
     kw = dict(objective=objective, epochs=4, batch_size=50, lr=0.05, seed=3, progress=False)
     if objective == "constrained":
@@ -150,18 +148,9 @@ def test_resume_is_bit_exact_for_every_objective(objective, tmp_path, monkeypatc
     torch.manual_seed(0)
     straight_model = SparseLinearRegression(10)
     straight = train(straight_model, x, y, **kw)
-    save = checkpointing.save_checkpoint
-
-    def save_then_interrupt(path, state):
-        save(path, state)
-        if state["epoch"] == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(checkpointing, "save_checkpoint", save_then_interrupt)
     torch.manual_seed(0)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupt_at_epoch(2):
         train(SparseLinearRegression(10), x, y, checkpoint=str(ckpt), **kw)
-    monkeypatch.setattr(checkpointing, "save_checkpoint", save)
     torch.manual_seed(99)  # disturb the global RNG: resume must restore it
     resumed_model = SparseLinearRegression(10)
     resumed = train(resumed_model, x, y, checkpoint=str(ckpt), resume=True, **kw)
