@@ -1,4 +1,4 @@
-"""Checkpoints that load without running code.
+"""Checkpoints that load without running code: the file format beneath training, pruning and export.
 
 A checkpoint is a ``dict`` of tensors and plain Python containers (``dict``, ``list``, ``tuple``, ``str``,
 numbers, ``None``), written with ``torch.save`` and read back with ``torch.load(..., weights_only=True)``:
@@ -17,7 +17,7 @@ import pickle
 import numpy as np
 import torch
 
-from .._atomic import atomic_write
+from ._atomic import atomic_write
 
 __all__ = ["CheckpointError", "load_checkpoint", "numpy_rng_state", "save_checkpoint", "set_numpy_rng_state"]
 

@@ -18,7 +18,7 @@ from l0bayes.inference.checkpoint import (
     save_checkpoint,
     set_numpy_rng_state,
 )
-from l0bayes.nn import load_pruned
+from l0bayes.pruning import load_pruned
 
 
 class _Exploit:

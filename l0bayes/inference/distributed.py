@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import CheckpointError, load_checkpoint
+from ..io import CheckpointError, load_checkpoint
 from .device import resolve_device
 
 CHECKPOINT_KEYS = ("model", "optimizer", "multipliers", "history", "epoch", "shuffle", "rng")

@@ -1,7 +1,7 @@
 r"""Which units of a sparsified model can be removed together: pruning any graph, residual connections included.
 
-:func:`~l0bayes.nn.prune` and :func:`~l0bayes.nn.expected_flops` handle a model of
-:func:`~l0bayes.nn.sparsify` here. The coupling of channels across layers (a convolution's output
+:func:`~l0bayes.pruning.prune` and :func:`~l0bayes.pruning.expected_flops` handle a model of
+:func:`~l0bayes.pruning.sparsify` here. The coupling of channels across layers (a convolution's output
 channel is also its batch norm's channel and an input channel of every layer that reads it, through
 activations, pooling, flattening, concatenation and residual additions) comes from the dependency
 graph of `torch-pruning <https://github.com/VainF/Torch-Pruning>`_ (Fang et al., CVPR 2023), built
@@ -17,7 +17,7 @@ A gated unit is removed only where that leaves the function unchanged:
   addition's other operand is not zero there); its weights are zero;
 * a closed input neuron of a linear layer is removed together with the producing units that feed
   nothing else; where the producer is used elsewhere (or is the network input), the column is
-  dropped by a :class:`~l0bayes.nn.SelectFeatures` in front of the smaller linear layer.
+  dropped by a :class:`~l0bayes.pruning.SelectFeatures` in front of the smaller linear layer.
 
 Every removal is checked: the model before and after must agree on random inputs in float64
 (to :math:`10^{-9}` relative), or the removal is undone.
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .select import SelectFeatures
 from .sparsify import GatedLayer, GroupGate, strip_gates
 
 _ZERO_PRESERVING = {
@@ -173,7 +174,7 @@ def _same(model, reference, probe):
 def structure(model, example_inputs):
     """``[(unit, group or None)]``: each unit with the torch-pruning group of *all* its units when allowed.
 
-    Computed on a gate-free copy (:func:`~l0bayes.nn.strip_gates`); the groups' modules are named as in
+    Computed on a gate-free copy (:func:`~l0bayes.pruning.strip_gates`); the groups' modules are named as in
     ``model``. ``None`` where the rules of the module docstring forbid removing the units.
     """
     plain = strip_gates(model).eval()
@@ -218,8 +219,6 @@ class _InputTracker:
 
 def _select_columns(plain, name, positions):
     """Replace linear ``name`` by ``SelectFeatures(kept) -> smaller Linear`` (the dropped columns are zero)."""
-    from .prune import SelectFeatures
-
     parent_name, _, child = name.rpartition(".")
     parent = plain.get_submodule(parent_name) if parent_name else plain
     linear = getattr(parent, child)
@@ -257,7 +256,7 @@ def _removal(plain, unit, idxs, example_inputs):
 
 @torch.no_grad()
 def prune_graph(model, example_inputs):
-    """The residual-aware :func:`~l0bayes.nn.prune` of a sparsified ``model`` (see the module docstring)."""
+    """The residual-aware :func:`~l0bayes.pruning.prune` of a sparsified ``model`` (see the module docstring)."""
     plain = strip_gates(model).eval()
     probe = _probe(example_inputs)
     reference = _output64(plain, probe)

@@ -1,7 +1,7 @@
 """Saving and loading a pruned network without pickling code: a state dict plus a description of its layers.
 
-:func:`~l0bayes.nn.prune.prune` returns either a plain ``nn.Sequential`` (a network of L0 layers such as
-:class:`~l0bayes.nn.L0MLP`) or, for a model of :func:`~l0bayes.nn.sparsify`, the model's own class with
+:func:`~l0bayes.pruning.prune.prune` returns either a plain ``nn.Sequential`` (a network of L0 layers such as
+:class:`~l0bayes.nn.L0MLP`) or, for a model of :func:`~l0bayes.pruning.sparsify`, the model's own class with
 smaller layers (and a ``nn.Sequential(SelectFeatures, nn.Linear)`` where a linear layer's closed inputs
 stay in use elsewhere). :func:`save_pruned` writes either as a ``dict`` holding only tensors and plain
 containers:
@@ -17,7 +17,7 @@ containers:
 * ``"metadata"``: what the caller adds (input shape, scalers, class count, ...), plain values and tensors.
 
 :func:`load_pruned` reads it with ``torch.load(weights_only=True)`` (PyTorch's restricted unpickler,
-through :func:`~l0bayes.inference.checkpoint.load_checkpoint`) and rebuilds the layers from the
+through :func:`~l0bayes.io.load_checkpoint`) and rebuilds the layers from the
 allow-list :data:`LAYER_TYPES` by name: an ``nn.Sequential`` by itself, a model of your own class inside
 a fresh instance that you pass (``model=``), whose layers are replaced by ones of the saved sizes before
 the tensors are loaded. No class is looked up from the file, so a crafted file cannot run code; a layer
@@ -36,7 +36,8 @@ import re
 import torch
 from torch import nn
 
-from .prune import SelectFeatures
+from ..io import CheckpointError, load_checkpoint, save_checkpoint
+from .select import SelectFeatures
 
 __all__ = [
     "LAYER_TYPES",
@@ -298,9 +299,9 @@ def _has(root, name):
 def save_pruned(module, path, metadata=None):
     """Write a pruned network and ``metadata`` to ``path`` (atomically; see the module docstring).
 
-    :param module: the output of :func:`~l0bayes.nn.prune.prune`: an ``nn.Sequential`` of allow-listed
+    :param module: the output of :func:`~l0bayes.pruning.prune.prune`: an ``nn.Sequential`` of allow-listed
         layers (or a subclass with ``nn.Sequential``'s ``forward``; it loads back as an ``nn.Sequential``),
-        or a model of your own class (a pruned model of :func:`~l0bayes.nn.sparsify`), whose
+        or a model of your own class (a pruned model of :func:`~l0bayes.pruning.sparsify`), whose
         resized layers must be allow-listed (``nn.Linear``, ``nn.Conv2d``, batch norms, ...); load the
         latter with ``load_pruned(path, model=YourClass)``.
     :param path: the file to write; its directory must exist.
@@ -309,8 +310,6 @@ def save_pruned(module, path, metadata=None):
     :raises TypeError: naming the layer, for a grouped convolution or (in an ``nn.Sequential``) a layer
         outside :data:`LAYER_TYPES`.
     """
-    from ..inference.checkpoint import save_checkpoint
-
     state = {"format": FORMAT}
     if isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward:
         state.update(version=VERSION, layers=describe_pruned(module))
@@ -336,8 +335,6 @@ def load_pruned(path, map_location="cpu", model=None):
         :data:`LAYER_TYPES`; when a model of your own class is not passed ``model=`` (or one of another
         class or structure).
     """
-    from ..inference.checkpoint import CheckpointError, load_checkpoint
-
     state = load_checkpoint(path, map_location=map_location, required=("format", "state_dict"))
     version = state.get("version")
     if state["format"] != FORMAT or version not in (VERSION, MODULES_VERSION):

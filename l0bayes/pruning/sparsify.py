@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .gates import HardConcreteGate
-from .layers import L0Layer
+from ..nn.gates import HardConcreteGate
+from ..nn.layers import L0Layer
 
-__all__ = ["GatedLayer", "Group", "GroupGate", "sparsify", "strip_gates"]
+__all__ = ["GatedLayer", "Group", "GroupGate", "is_sparsified", "sparsify", "strip_gates"]
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 
@@ -289,7 +289,7 @@ def sparsify(
         keep / drop layers, e.g. ``include=r"conv1$"``.
     :param example_inputs: a tensor (or tuple of tensors) the model accepts; needed when a convolution
         is gated, to find the batch norm its output goes into (one forward pass in ``eval()`` mode).
-        Kept on the model for :func:`~l0bayes.nn.prune`.
+        Kept on the model for :func:`~l0bayes.pruning.prune`.
     :param groups: ``{name: Group}``, user-named groups of units (:class:`Group`).
     :param inplace: modify ``model`` itself instead of a deep copy.
     :param gate_kwargs: ``init_drop_rate``, ``temperature``, ``lower``, ``upper``, ``init_std`` of
@@ -317,6 +317,11 @@ def sparsify(
     return model
 
 
+def is_sparsified(module):
+    """Whether ``module`` holds gates attached by :func:`sparsify` (gated layers or groups)."""
+    return any(isinstance(m, (GatedLayer, GroupGate)) for m in module.modules())
+
+
 def _remove_hooks(module, owner):
     """Remove the hooks of ``module`` that are methods of ``owner``."""
     for hooks in (module._forward_hooks, module._forward_pre_hooks):
@@ -342,7 +347,7 @@ def strip_gates(model):
     The copy has the original classes, no gates and no hooks, and computes what ``model`` computes in
     ``eval()`` mode (:math:`\theta^* = \tilde\theta \odot \hat z`): a linear layer's columns are scaled by
     its gates, a convolution's filters and bias (or its batch norm's weight and bias) by its channel
-    gates. Closed units are kept, with zero weights; :func:`~l0bayes.nn.prune` removes them.
+    gates. Closed units are kept, with zero weights; :func:`~l0bayes.pruning.prune` removes them.
     """
     plain = copy.deepcopy(model)
     if hasattr(plain, "_l0_example_inputs"):

@@ -2,7 +2,7 @@
 
 import torch
 
-from ..checkpoint import save_checkpoint
+from ...io import save_checkpoint
 from ..resume import BEFORE_FINAL_PHASE
 from ..rng import rng_state, set_rng_state
 from .base import Callback

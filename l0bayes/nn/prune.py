@@ -1,0 +1,9 @@
+"""The former home of pruning and its counts, now in :mod:`l0bayes.pruning`: these names still import from here."""
+
+from ..pruning.counting import count_parameters, expected_flops, flops
+from ..pruning.prune import prune
+from ..pruning.report import PruneReport
+from ..pruning.select import SelectFeatures
+from .density import architecture
+
+__all__ = ["PruneReport", "SelectFeatures", "architecture", "count_parameters", "expected_flops", "flops", "prune"]
