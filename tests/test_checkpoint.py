@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from l0bayes.inference.checkpoint import (
+from l0bayes.io import (
     CheckpointError,
     load_checkpoint,
     numpy_rng_state,

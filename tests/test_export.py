@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from l0bayes.inference.checkpoint import CheckpointError, save_checkpoint
+from l0bayes.io import CheckpointError, save_checkpoint
 from l0bayes.nn import L0MLP, MLP, L0LeNet5, LeNet5, l0_layers
 from l0bayes.pruning import prune
 from l0bayes.pruning.export import LAYER_TYPES, describe_pruned, load_pruned, save_pruned

@@ -15,7 +15,7 @@ TOP_LEVEL = ("ema", "scheduler")
 
 
 class Checkpointing(Callback):
-    """After every epoch, save the run to ``path`` atomically (:func:`~l0bayes.inference.checkpoint.save_checkpoint`).
+    """After every epoch, save the run to ``path`` atomically (:func:`~l0bayes.io.save_checkpoint`).
 
     The checkpoint holds the model, the optimiser, the objective's state and multipliers, every
     callback's state, the history, the batch order's generator and the random states (of every rank
