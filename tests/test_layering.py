@@ -6,9 +6,9 @@ runs later, not an absent one), relative imports resolved. Importing ``a.b.c`` a
 ``__init__`` of ``a.b`` unless the importer is itself inside ``a.b``, so that package is a dependency
 too: a package that imports a module which imports back into the package is a cycle.
 
-The floors, lowest first, are those of the ``l0bayes`` docstring. The old homes of moved names
-(:data:`REEXPORTS`) are the one exception: they forward to a higher floor, lazily, for user code, and
-nothing inside the package may use them.
+The floors, lowest first, are those of the ``l0bayes`` docstring. The former homes of the names that
+moved up to ``l0bayes.pruning`` (:data:`REEXPORTS`) are the one exception: they forward to it for user
+code, and nothing inside the package may use them.
 """
 
 import ast
@@ -101,7 +101,7 @@ def _edges(modules):
         visitor = _Imports(name, path.name == "__init__.py")
         visitor.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
         for target, names, lazy, line in visitor.found:
-            if not target.startswith("l0bayes"):
+            if target != "l0bayes" and not target.startswith("l0bayes."):
                 continue
             # from package import submodule: the submodule; from module import name: the module
             targets = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules] or [target]
@@ -111,7 +111,7 @@ def _edges(modules):
                 # importing a.b.c runs a.b's __init__ too, unless the importer is already inside a.b
                 chain = [t] + [".".join(t.split(".")[:k]) for k in range(1, t.count(".") + 1)]
                 for dep in chain:
-                    if dep != name and not (name == dep or name.startswith(dep + ".")):
+                    if not (name == dep or name.startswith(dep + ".")):
                         edges.setdefault((name, dep), []).append((line, lazy))
     return edges
 
@@ -160,14 +160,27 @@ def edges():
     return _edges(_modules())
 
 
-def test_the_walk_sees_lazy_relative_and_package_imports(edges):
+def test_the_walk_sees_lazy_relative_and_package_imports(edges, tmp_path):
     """The walk resolves ``from ..x import y``, sees imports inside functions and the ``__init__`` they run."""
-    assert edges[("l0bayes.nn.gates", "l0bayes.distributions")][0][1] is False
-    assert all(lazy for _, lazy in edges[("l0bayes.cli.fit", "l0bayes.pruning.export")])
-    assert ("l0bayes.pruning.sparsify", "l0bayes.nn") in edges  # importing l0bayes.nn.gates runs l0bayes/nn/__init__
-    assert ("l0bayes.nn.gates", "l0bayes.nn") not in edges  # ... but not for a module inside l0bayes.nn
-    assert _cycle({("a", "b"): 0, ("b", "c"): 0, ("c", "a"): 0}) == ["a", "b", "c", "a"]
+    sources = {
+        "l0bayes/a/__init__.py": "from .b import x\n",
+        "l0bayes/a/b.py": "x = 1\n\n\ndef f():\n    from ..c import y\n",
+        "l0bayes/c.py": "import torch\n\nfrom .a import b\n\ny = 2\n",
+    }
+    for name, text in sources.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    modules = {"l0bayes.a": "l0bayes/a/__init__.py", "l0bayes.a.b": "l0bayes/a/b.py", "l0bayes.c": "l0bayes/c.py"}
+    found = _edges({name: tmp_path / path for name, path in modules.items()})
+    assert found == {
+        ("l0bayes.a", "l0bayes.a.b"): [(1, False)],
+        ("l0bayes.a.b", "l0bayes.c"): [(5, True)],  # inside a function; not l0bayes.a, which b is inside
+        ("l0bayes.c", "l0bayes.a.b"): [(3, False)],
+        ("l0bayes.c", "l0bayes.a"): [(3, False)],  # importing l0bayes.a.b runs l0bayes/a/__init__.py
+    }
+    assert _cycle(found) == ["l0bayes.a", "l0bayes.a.b", "l0bayes.c", "l0bayes.a"]
     assert _cycle({("a", "b"): 0, ("b", "c"): 0, ("a", "c"): 0}) is None
+    assert edges[("l0bayes.nn.gates", "l0bayes.distributions")][0][1] is False  # and it reads the package
 
 
 def test_no_import_cycle(edges):

@@ -22,7 +22,7 @@ __all__ = ["count_parameters", "expected_flops", "flops"]
 def count_parameters(module, include_gates=False):
     """Number of scalar parameters; the gates' ``log_alpha`` only with ``include_gates=True``.
 
-    Buffers (e.g. the index of :class:`SelectFeatures`) are not parameters and are not counted.
+    Buffers (e.g. the index of :class:`~l0bayes.pruning.SelectFeatures`) are not parameters and are not counted.
     """
     gate_params = set()
     if not include_gates:
@@ -85,7 +85,7 @@ def expected_flops(module, input_shape):
     weight layer replaced by their expectations, assuming independent gates:
     ``2 * E[active in] * kh * kw * E[active out] * H_out * W_out + E[active out] * H_out * W_out``
     (``kh = kw = H_out = W_out = 1`` for a linear layer). The probabilities follow the rules of
-    :func:`prune`: an input unit is active with probability q(its own input gate) * q(the gate of
+    :func:`~l0bayes.pruning.prune`: an input unit is active with probability q(its own input gate) * q(the gate of
     the conv map it comes from); an output unit with probability q(its map's gate) *
     P(at least one of the inputs it feeds is open); network inputs and outputs, and ungated
     units, count with probability 1. With gates that are almost surely 0 or 1 this equals

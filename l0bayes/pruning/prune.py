@@ -18,7 +18,7 @@ feature) is dropped when
 
 Network inputs and outputs are never dropped: where the first L0Linear closes some input
 features, or where a conv map stays but some of its flattened columns are closed, a
-parameter-free :class:`SelectFeatures` (an ``index_select`` on dim 1) is inserted before the
+parameter-free :class:`~l0bayes.pruning.SelectFeatures` (an ``index_select`` on dim 1) is inserted before the
 consumer. A tensor always keeps at least one unit (zero-width convolutions do not run); such a
 unit has zero weights when its group is closed.
 """
@@ -103,7 +103,7 @@ def prune(module, example_inputs=None):
     A model of :func:`~l0bayes.pruning.sparsify` (any architecture, residual connections and batch norm
     included) is pruned through its dependency graph: see :mod:`l0bayes.pruning.dependency` for what is
     removed. The result is the model's own class with smaller layers (and a
-    :class:`SelectFeatures` in front of a linear layer whose closed inputs stay in use elsewhere),
+    :class:`~l0bayes.pruning.SelectFeatures` in front of a linear layer whose closed inputs stay in use elsewhere),
     without gates or hooks; it exports with :func:`torch.export.export`. ``example_inputs`` (a tensor
     or tuple of tensors the model accepts) defaults to the one given to :func:`~l0bayes.pruning.sparsify`.
 
@@ -117,7 +117,7 @@ def prune(module, example_inputs=None):
     of closed maps. The remaining Eq. 13 gate values, fractional ones included, are folded into
     the weights (``W[:, i] * z_i`` for :class:`L0Linear`, ``(W_c, b_c) * z_c`` for
     :class:`L0Conv2d`). Contains only ``nn.Linear``, ``nn.Conv2d``, copies of the other layers and
-    :class:`SelectFeatures`; returned in ``eval()`` mode. See the module docstring for the rules.
+    :class:`~l0bayes.pruning.SelectFeatures`; returned in ``eval()`` mode. See the module docstring for the rules.
 
     Runs under :func:`~l0bayes.threads.thread_policy` (one intra-op thread unless you chose otherwise).
     """

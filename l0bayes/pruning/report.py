@@ -15,10 +15,11 @@ __all__ = ["PruneReport"]
 
 @dataclass
 class PruneReport:
-    """Sizes of a gated network before and after :func:`prune` (Table 1, Fig. 3).
+    """Sizes of a gated network before and after :func:`~l0bayes.pruning.prune` (Table 1, Fig. 3).
 
-    ``params_*`` from :func:`count_parameters` (gates excluded), ``flops_*`` from :func:`flops`,
-    ``expected_flops`` from :func:`expected_flops` (the training-time cost under q(z != 0)).
+    ``params_*`` from :func:`~l0bayes.pruning.count_parameters` (gates excluded), ``flops_*`` from
+    :func:`~l0bayes.pruning.flops`, ``expected_flops`` from :func:`~l0bayes.pruning.expected_flops` (the
+    training-time cost under q(z != 0)).
     """
 
     architecture: str
