@@ -1,9 +1,9 @@
 """CPU inference speed of a pruned Wide ResNet against the dense one, next to their FLOP ratio.
 
 For each closed fraction ``f`` the gates of a WRN-d-k with the paper's placement
-(:func:`~l0bayes.nn.l0_wide_resnet`, one gate per output channel of every block's first
+(:func:`~l0bayes.pruning.l0_wide_resnet`, one gate per output channel of every block's first
 convolution) are set so that a fraction ``f`` of every gated layer's channels is closed (Eq. 13
-gate 0) and the rest fully open; the model is pruned (:func:`~l0bayes.nn.prune`), exported with
+gate 0) and the rest fully open; the model is pruned (:func:`~l0bayes.pruning.prune`), exported with
 ``torch.export`` and loaded back, and the loaded module is timed against the dense
 :class:`~l0bayes.nn.WideResNet` of the same size, interleaved (dense, pruned, dense, pruned, ...) in
 one process, one thread, ``eval()`` mode, no gradients. ``--state`` times a trained model instead
@@ -12,8 +12,8 @@ one process, one thread, ``eval()`` mode, no gradients. ``--state`` times a trai
 ``--deploy`` chooses how both networks are prepared, the dense one and the pruned one alike, before
 both go through ``torch.export`` (save, load) and are timed: ``eager`` as they are (NCHW, batch norms
 separate); ``channels_last`` NHWC weights and input; ``fold`` batch norms folded into the
-convolutions before them (:func:`~l0bayes.nn.export.fold_batch_norm`) and NHWC
-(:func:`~l0bayes.nn.export.for_inference`); ``compile`` as ``fold``, then the loaded program is
+convolutions before them (:func:`~l0bayes.pruning.export.fold_batch_norm`) and NHWC
+(:func:`~l0bayes.pruning.export.for_inference`); ``compile`` as ``fold``, then the loaded program is
 compiled with ``torch.compile`` (Inductor: C++ kernels that fuse the residual addition, batch norm and
 ReLU into one pass; needs a C++ compiler; the compilation happens in the untimed warm-up call).
 
@@ -37,8 +37,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tables import format_table  # noqa: E402
 
-from l0bayes.nn import WideResNet, flops, gates_of, l0_wide_resnet, prune  # noqa: E402
-from l0bayes.nn.export import for_inference  # noqa: E402
+from l0bayes.nn import WideResNet, gates_of  # noqa: E402
+from l0bayes.pruning import flops, l0_wide_resnet, prune  # noqa: E402
+from l0bayes.pruning.export import for_inference  # noqa: E402
 
 DEPLOY = {
     "eager": lambda m: m.eval(),

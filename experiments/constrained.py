@@ -25,8 +25,9 @@ import torch
 from l0bayes.data import load_dataset
 from l0bayes.inference import constrained_summary, train
 from l0bayes.models import SparseClassifier
-from l0bayes.nn import L0MLP, L0LeNet5, PruneReport
+from l0bayes.nn import L0MLP, L0LeNet5
 from l0bayes.nn.density import test_time_density
+from l0bayes.pruning import PruneReport
 
 
 def build(model, data, seed):

@@ -120,8 +120,9 @@ def run_dense(name, args, out):
     from l0bayes.data import load_dataset
     from l0bayes.inference import ParameterAverage
     from l0bayes.inference.device import resolve_device
-    from l0bayes.nn import MLP, LeNet5, count_parameters, flops
-    from l0bayes.nn.export import save_pruned
+    from l0bayes.nn import MLP, LeNet5
+    from l0bayes.pruning import count_parameters, flops
+    from l0bayes.pruning.export import save_pruned
 
     if args.threads:
         torch.set_num_threads(args.threads)

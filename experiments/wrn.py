@@ -3,12 +3,12 @@
 Runs, each in ``OUT/<run>/``:
 
 * ``dense``: the dense :class:`~l0bayes.nn.WideResNet` (same optimiser, steps and data);
-* ``penalized``: the L0 WRN (:func:`~l0bayes.nn.l0_wide_resnet`, gates on the first convolution of
+* ``penalized``: the L0 WRN (:func:`~l0bayes.pruning.l0_wide_resnet`, gates on the first convolution of
   every block, initial drop rate 0.3) trained with ``train(objective="penalized")`` and ``--lam``;
 * ``constrained``: the same with ``train(objective="constrained", target_density=--target)``.
 
 Each L0 run records the expected FLOPs after every epoch (Fig. 4), prunes the trained model
-(:func:`~l0bayes.nn.prune`), checks the pruned model against the gated one and saves it with
+(:func:`~l0bayes.pruning.prune`), checks the pruned model against the gated one and saves it with
 ``torch.export.save`` (``pruned.pt2``, loads without unpickling). ``OUT/summary.json`` and the printed
 markdown table hold test errors, architectures and FLOPs; ``OUT/flops.png`` draws Fig. 4.
 
@@ -36,7 +36,8 @@ import torch.nn.functional as F
 from l0bayes.data import load_dataset
 from l0bayes.inference import parameter_groups, train
 from l0bayes.models import SparseClassifier
-from l0bayes.nn import WideResNet, architecture, expected_density, flops, l0_wide_resnet, prune, test_time_density
+from l0bayes.nn import WideResNet, architecture, expected_density, test_time_density
+from l0bayes.pruning import flops, l0_wide_resnet, prune
 
 RUNS = ("dense", "penalized", "constrained")
 

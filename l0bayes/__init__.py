@@ -2,6 +2,23 @@
 
 The names below are imported on first use (PEP 562), so that ``import l0bayes.cli`` does not load torch:
 the ``l0bayes`` command sets how OpenMP threads wait before torch loads (:mod:`l0bayes.cli.threads`).
+
+The package is built in floors, lowest first; a module imports from its own floor and those below, never
+from above (imports inside functions included), and no imports form a cycle:
+
+1. ``l0bayes.io``, ``l0bayes.threads``, ``l0bayes.utils``: checkpoint files that load without running
+   code, the thread policy, argument checks;
+2. ``l0bayes.distributions``: the hard concrete distribution, its KL divergence, quadrature;
+3. ``l0bayes.data``: data sets and seeded splits;
+4. ``l0bayes.nn``: gates, gated layers, the paper's networks, penalties, density;
+5. ``l0bayes.pruning``: gates on any model, pruning, FLOP counts, safe export of the pruned network;
+6. ``l0bayes.inference``: the objectives, the training loop and its callbacks;
+7. ``l0bayes.analysis``: posterior analysis of trained gates;
+8. ``l0bayes.models``: Pyro models, gated classifiers, variable selection;
+9. ``l0bayes.cli``: the command line.
+
+The names that moved up from ``l0bayes.nn`` to ``l0bayes.pruning`` still import from their former
+modules, which forward to the new ones.
 """
 
 from typing import TYPE_CHECKING

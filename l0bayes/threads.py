@@ -12,7 +12,7 @@ effect when set before torch loads, which a library cannot arrange. ``torch.set_
 can be set at any time, and one thread has nobody to wait for. So :func:`~l0bayes.inference.train`
 and :func:`~l0bayes.models.select_variables` (both with a ``threads=`` argument),
 :func:`~l0bayes.distributions.kl_hard_concrete` (on batches large enough for torch to run in
-parallel), :func:`~l0bayes.nn.prune`, :meth:`~l0bayes.nn.PruneReport.from_model` and
+parallel), :func:`~l0bayes.pruning.prune`, :meth:`~l0bayes.pruning.PruneReport.from_model` and
 :func:`~l0bayes.analysis.to_inference_data` run under :func:`thread_policy`, which with the default
 ``threads="auto"`` chooses
 

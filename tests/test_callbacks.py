@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from l0bayes.inference import train
 from l0bayes.inference.callbacks import Callback, EarlyStopping, TensorBoard
 from l0bayes.models import SparseClassifier, SparseModel
-from l0bayes.nn import L0MLP, sparsify
+from l0bayes.nn import L0MLP
+from l0bayes.pruning import sparsify
 
 
 def _digits_like(n=120, features=8, classes=3, seed=0):

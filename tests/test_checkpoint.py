@@ -11,14 +11,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from l0bayes.inference.checkpoint import (
+from l0bayes.io import (
     CheckpointError,
     load_checkpoint,
     numpy_rng_state,
     save_checkpoint,
     set_numpy_rng_state,
 )
-from l0bayes.nn import load_pruned
+from l0bayes.pruning import load_pruned
 
 
 class _Exploit:

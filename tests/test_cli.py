@@ -16,8 +16,8 @@ from idx_fixtures import write_mnist_dir
 import l0bayes.inference
 from l0bayes.cli import main, parse_lam
 from l0bayes.data import load_dataset
-from l0bayes.inference.checkpoint import load_checkpoint
-from l0bayes.nn import load_pruned
+from l0bayes.io import load_checkpoint
+from l0bayes.pruning import load_pruned
 
 TINY = ["--hidden", "16,8", "--epochs", "2", "--no-progress", "--threads", "1"]
 FILES = ("config.json", "history.json", "history.csv", "checkpoint.pt", "pruned.pt", "summary.json")

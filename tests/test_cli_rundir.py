@@ -13,7 +13,7 @@ import l0bayes.inference
 from l0bayes.cli import main
 from l0bayes.cli.rundir import LOCK, OUTPUTS, RunDirectory, atomic_write
 from l0bayes.data import load_dataset
-from l0bayes.inference.checkpoint import save_checkpoint
+from l0bayes.io import save_checkpoint
 
 TINY = ["--hidden", "8,4", "--epochs", "1", "--no-progress", "--threads", "1"]
 

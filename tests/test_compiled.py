@@ -17,7 +17,7 @@ from torch import nn
 from l0bayes.inference import CompiledStep, train
 from l0bayes.inference.objectives import make_objective
 from l0bayes.models import SparseClassifier, SparseLinearRegression
-from l0bayes.nn import sparsify
+from l0bayes.pruning import sparsify
 
 # torch.compile's CPU kernels are C++ built at run time (.ci/run installs g++).
 pytestmark = pytest.mark.skipif(

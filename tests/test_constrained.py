@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from l0bayes.inference import ConstrainedObjective, constrained_summary, train
-from l0bayes.inference.checkpoint import load_checkpoint, save_checkpoint
+from l0bayes.io import load_checkpoint, save_checkpoint
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP, density
 

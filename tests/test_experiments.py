@@ -42,7 +42,7 @@ def test_paper_script_runs_the_protocol_and_summarises(tmp_path, capsys, monkeyp
     import torch
 
     from l0bayes.data import load_dataset
-    from l0bayes.nn import load_pruned
+    from l0bayes.pruning import load_pruned
 
     dense, metadata = load_pruned(out / "mlp-dense" / "dense.pt")
     test = load_dataset("mnist-dir", data_dir=data)

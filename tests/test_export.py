@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from l0bayes.inference.checkpoint import CheckpointError, save_checkpoint
-from l0bayes.nn import L0MLP, MLP, L0LeNet5, LeNet5, l0_layers, prune
-from l0bayes.nn.export import LAYER_TYPES, describe_pruned, load_pruned, save_pruned
+from l0bayes.io import CheckpointError, save_checkpoint
+from l0bayes.nn import L0MLP, MLP, L0LeNet5, LeNet5, l0_layers
+from l0bayes.pruning import prune
+from l0bayes.pruning.export import LAYER_TYPES, describe_pruned, load_pruned, save_pruned
 
 
 def _gated(make, seed=0):
@@ -113,7 +114,7 @@ def test_layer_types_outside_the_allow_list_are_refused(tmp_path):
 
 
 def test_every_allowed_layer_round_trips(tmp_path):
-    from l0bayes.nn import SelectFeatures
+    from l0bayes.pruning import SelectFeatures
 
     net = nn.Sequential(
         nn.Conv2d(2, 4, 3, stride=1, padding=1, dilation=1, bias=False),
@@ -209,7 +210,7 @@ def test_a_pruned_model_of_its_own_class_needs_the_right_fresh_model(tmp_path):
 
 def test_a_file_of_the_first_version_still_loads(tmp_path):
     """Files written before SelectFeatures recorded its dim (always 1 in an nn.Sequential) load as before."""
-    from l0bayes.nn import SelectFeatures
+    from l0bayes.pruning import SelectFeatures
 
     net = nn.Sequential(SelectFeatures(torch.tensor([0, 2]), 3), nn.Linear(2, 1)).eval()
     layers = describe_pruned(net)

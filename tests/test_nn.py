@@ -16,19 +16,14 @@ from l0bayes.nn import (
     L0LeNet5,
     L0Linear,
     LeNet5,
-    PruneReport,
-    SelectFeatures,
     architecture,
-    count_parameters,
-    expected_flops,
     expected_l0,
     expected_l2,
-    flops,
     l0_layers,
     penalty,
-    prune,
     pyro_gates,
 )
+from l0bayes.pruning import PruneReport, SelectFeatures, count_parameters, expected_flops, flops, prune
 
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
 

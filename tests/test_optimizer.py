@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from l0bayes.inference import parameter_groups, train
-from l0bayes.inference.checkpoint import load_checkpoint
+from l0bayes.io import load_checkpoint
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, gates_of
 

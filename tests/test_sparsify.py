@@ -9,19 +9,15 @@ from torch import nn
 
 from l0bayes.inference import train
 from l0bayes.models import SparseClassifier
-from l0bayes.nn import (
+from l0bayes.nn import L0Layer, WideResNet, architecture, gates_of, penalty
+from l0bayes.pruning import (
     GatedLayer,
     Group,
-    L0Layer,
     SelectFeatures,
-    WideResNet,
-    architecture,
     count_parameters,
     expected_flops,
     flops,
-    gates_of,
     l0_wide_resnet,
-    penalty,
     prune,
     sparsify,
     strip_gates,
@@ -477,7 +473,7 @@ def test_wrn_experiment_sgd_schedule(tmp_path):
 
 
 def test_fold_batch_norm_equals_the_eval_model():
-    from l0bayes.nn.export import fold_batch_norm, for_inference
+    from l0bayes.pruning.export import fold_batch_norm, for_inference
 
     for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
         torch.manual_seed(0)
@@ -504,7 +500,7 @@ def test_fold_batch_norm_written_out():
     """One conv + bn: s = gamma / sqrt(var + eps), W' = s W, b' = s (b - mean) + beta, by hand in NumPy."""
     import numpy as np
 
-    from l0bayes.nn.export import fold_batch_norm
+    from l0bayes.pruning.export import fold_batch_norm
 
     torch.manual_seed(1)
     net = nn.Sequential(nn.Conv2d(2, 3, 3, bias=True), nn.BatchNorm2d(3, eps=1e-3))
@@ -520,7 +516,7 @@ def test_fold_batch_norm_written_out():
 
 
 def test_fold_batch_norm_leaves_a_convolution_used_twice():
-    from l0bayes.nn.export import fold_batch_norm
+    from l0bayes.pruning.export import fold_batch_norm
 
     class Twice(nn.Module):
         def __init__(self):

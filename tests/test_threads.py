@@ -154,9 +154,10 @@ def test_the_policy_is_exported_at_the_top_level():
 
 def test_prune_and_the_gate_analysis_run_under_the_policy(user_threads, monkeypatch):
     from l0bayes.analysis import to_inference_data
-    from l0bayes.nn import PruneReport, prune
+    from l0bayes.pruning import PruneReport, prune
 
-    prune_module = importlib.import_module("l0bayes.nn.prune")  # (l0bayes.nn.prune is also the function)
+    prune_module = importlib.import_module("l0bayes.pruning.prune")  # (l0bayes.pruning.prune is also the function)
+    report_module = importlib.import_module("l0bayes.pruning.report")
     inference_data = importlib.import_module("l0bayes.analysis.inference_data")
 
     seen = []
@@ -170,7 +171,7 @@ def test_prune_and_the_gate_analysis_run_under_the_policy(user_threads, monkeypa
 
     for module, name in (
         (prune_module, "_dense_copy"),
-        (prune_module, "expected_flops"),
+        (report_module, "expected_flops"),
         (inference_data, "gate_layers"),
     ):
         monkeypatch.setattr(module, name, noting(getattr(module, name)))
@@ -188,7 +189,7 @@ def test_the_command_line_keeps_its_own_count_for_the_library_calls(user_threads
     from l0bayes.cli import main
 
     training = importlib.import_module("l0bayes.inference.training")
-    prune_module = importlib.import_module("l0bayes.nn.prune")
+    prune_module = importlib.import_module("l0bayes.pruning.prune")
     seen = []
     run, dense_copy = training._train, prune_module._dense_copy
 

@@ -1,5 +1,5 @@
 """The ``l0bayes`` command line: a thin layer over :mod:`l0bayes.data`, :mod:`l0bayes.models`,
-:func:`l0bayes.inference.train` and :mod:`l0bayes.nn` (pruning, FLOP counts, safe export).
+:func:`l0bayes.inference.train` and :mod:`l0bayes.pruning` (pruning, FLOP counts, safe export).
 
 ``l0bayes fit`` trains a sparse model and prints a final table (test error, pruned architecture,
 active parameters and FLOPs against the dense model, the free-energy terms of Eq. 21/22, wall time,

@@ -1,7 +1,7 @@
 """The final numbers of a run: test (and validation) metric, sizes and FLOPs, and the pruned model to export.
 
-The pruned model comes back as ``(module, metadata)`` for :func:`l0bayes.nn.export.save_pruned`: for the
-networks the ``nn.Sequential`` of :func:`~l0bayes.nn.prune.prune`; for the regressions the selected
+The pruned model comes back as ``(module, metadata)`` for :func:`l0bayes.pruning.export.save_pruned`: for the
+networks the ``nn.Sequential`` of :func:`~l0bayes.pruning.prune.prune`; for the regressions the selected
 features as ``SelectFeatures`` then ``nn.Linear(k, 1)`` with the Eq. 13 coefficients, then a flatten to one
 output per example (the regression's prediction, or the logit for the logistic regression).
 """
@@ -46,7 +46,7 @@ def _regression_module(coef, bias):
     import torch
     from torch import nn
 
-    from ..nn import SelectFeatures
+    from ..pruning import SelectFeatures
 
     selected = (coef != 0).nonzero().flatten()
     with warnings.catch_warnings():  # no feature selected: a zero-width linear layer
@@ -107,7 +107,7 @@ def _evaluate_regression(cfg, model, data):
 
 
 def _evaluate_network(cfg, model, data):
-    from ..nn import PruneReport
+    from ..pruning import PruneReport
 
     report = PruneReport.from_model(model.net, data.input_shape)
     pruned = report.pruned.eval()

@@ -65,7 +65,7 @@ def _load_data(cfg):
 
 def _check_resumable(run, model):
     """The checkpoint exists, loads safely and holds the parameters of the model the settings build."""
-    from ..inference.checkpoint import load_checkpoint
+    from ..io import load_checkpoint
 
     path = run.file("checkpoint.pt")
     try:
@@ -167,7 +167,7 @@ def _finish(cfg, run, data, result, wall):
     """Evaluate, write history, pruned model, plots and summary (all atomically), print the table."""
     import torch
 
-    from ..nn.export import save_pruned
+    from ..pruning.export import save_pruned
     from .evaluation import evaluate
     from .plots import write_plots
     from .report import format_table, goal_text, objective_details, summary_record, write_history

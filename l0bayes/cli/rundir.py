@@ -186,7 +186,7 @@ class RunDirectory:
 
     def checkpoint_epoch(self):
         """The epoch of ``checkpoint.pt``, or ``None`` when it is missing or unreadable."""
-        from ..inference.checkpoint import load_checkpoint
+        from ..io import load_checkpoint
 
         try:
             return int(load_checkpoint(self.file("checkpoint.pt"), required=("epoch",))["epoch"])

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import CheckpointError, load_checkpoint
+from ..io import CheckpointError, load_checkpoint
 from .device import resolve_device
 
 CHECKPOINT_KEYS = ("model", "optimizer", "multipliers", "history", "epoch", "shuffle", "rng")
@@ -355,7 +355,7 @@ class DataParallelContext:
         ``cuda`` made a single-process resume on a GPU fail.
 
         :raises FileNotFoundError: on every rank when the file does not exist.
-        :raises ~l0bayes.inference.checkpoint.CheckpointError: (a ``ValueError`` naming the file) when it is
+        :raises ~l0bayes.io.CheckpointError: (a ``ValueError`` naming the file) when it is
             empty, corrupt, holds more than tensors and plain containers, or lacks a training-state entry.
         """
         if path is None:

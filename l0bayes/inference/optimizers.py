@@ -34,7 +34,7 @@ def parameter_groups(model, gates=None, weights=None):
     """The parameters of ``model`` as two ``torch.optim`` parameter groups: weights first, then gates.
 
     :param model: any module; its gates are found with :func:`~l0bayes.nn.gates_of` (every
-        :class:`~l0bayes.nn.HardConcreteGate`, including those that :func:`~l0bayes.nn.sparsify` attached).
+        :class:`~l0bayes.nn.HardConcreteGate`, including those that :func:`~l0bayes.pruning.sparsify` attached).
     :param dict gates: optimiser settings of the gates' ``log_alpha`` group (e.g. ``{"lr": 0.01,
         "weight_decay": 0.0}``); the optimiser's defaults fill in the rest.
     :param dict weights: settings of the group of every other parameter.

@@ -4,7 +4,7 @@ import random
 
 import torch
 
-from .checkpoint import numpy_rng_state, set_numpy_rng_state
+from ..io import numpy_rng_state, set_numpy_rng_state
 
 __all__ = ["rng_state", "set_rng_state"]
 

@@ -29,7 +29,7 @@ class SparseModel(nn.Module):
     * ``model`` / ``guide``: the same as Pyro functions (the data term as ``pyro.factor("data_loss", ...)``),
       for ``TraceMeanField_ELBO`` and :func:`~l0bayes.inference.free_energy`.
 
-    :param net: the gated network, e.g. from :func:`~l0bayes.nn.sparsify` or :class:`~l0bayes.nn.L0MLP`.
+    :param net: the gated network, e.g. from :func:`~l0bayes.pruning.sparsify` or :class:`~l0bayes.nn.L0MLP`.
     :param loss_fn: ``loss_fn(output, target) -> mean loss`` (a scalar tensor).
     :param lam: code cost in nats per active parameter (docs/mathematics.md, "The variational free energy":
         the paper's :math:`\lambda = 0.1/N` is ``lam = 0.1``), a float or ``{layer name: lam}`` for per-layer

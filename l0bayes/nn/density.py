@@ -9,13 +9,15 @@ Two measures of the same quantity (see the "Constrained sparsity" section of ``d
   keeps, the number a target density promises.
 
 :math:`|\theta|` counts the gated parameters (every group of every gate), globally or per gated layer.
+:func:`architecture` gives the open gates themselves, layer by layer, as Table 1 writes them.
 """
 
 import torch
 
 from .gates import gates_of
+from .penalty import l0_layers
 
-__all__ = ["density_names", "expected_density", "test_time_density"]
+__all__ = ["architecture", "density_names", "expected_density", "test_time_density"]
 
 
 def density_names(module):
@@ -65,7 +67,7 @@ def test_time_density(module, per_layer=False):
     r"""Fraction of gated parameters kept at test time, :math:`\sum_g |g|\,\mathbb 1[\hat z_g > 0] / |\theta|`.
 
     :math:`\hat z_g` is the deterministic gate of Eq. 13 (``gate.active()``); a group is kept when its
-    gate is open. This is exactly the fraction of gated weights that :func:`~l0bayes.nn.prune` keeps.
+    gate is open. This is exactly the fraction of gated weights that :func:`~l0bayes.pruning.prune` keeps.
 
     :param per_layer: ``False``: a float for the whole network; ``True``: ``{layer name: density}``
         in registration order (names from :func:`density_names`).
@@ -76,3 +78,14 @@ def test_time_density(module, per_layer=False):
     if per_layer:
         return {name: k / n for name, k, n in zip(_layer_names(module, gates), kept, sizes, strict=True)}
     return sum(kept) / sum(sizes)
+
+
+def architecture(module):
+    """Number of open gates (Eq. 13 gate > 0) per L0 layer, in registration order, joined by ``-``.
+
+    E.g. ``'219-214-100'`` for :class:`~l0bayes.nn.networks.L0MLP` (input neurons of fc1-fc3) and
+    ``'20-25-45-462'`` for :class:`~l0bayes.nn.networks.L0LeNet5` (output maps of conv1, conv2,
+    then input neurons of fc1, fc2), the format of Table 1.
+    """
+    with torch.no_grad():
+        return "-".join(str(int(layer.active_mask().sum())) for _, layer in l0_layers(module))

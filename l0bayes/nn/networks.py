@@ -1,7 +1,7 @@
 """The networks of the paper's MNIST experiments (Section 4.1), gated and dense.
 
 Every network is an :class:`torch.nn.Sequential` with named children, so that
-:func:`~l0bayes.nn.prune.prune` can walk it and per-layer settings (e.g. the ``lam`` dictionary
+:func:`~l0bayes.pruning.prune.prune` can walk it and per-layer settings (e.g. the ``lam`` dictionary
 of :func:`~l0bayes.nn.penalty.penalty`) can refer to ``"fc1"``, ``"conv2"``, ...
 """
 

@@ -1,4 +1,4 @@
-r"""The Wide ResNet WRN-d-k of the paper's Section 4.2, dense and with the paper's gate placement.
+r"""The Wide ResNet WRN-d-k of the paper's Section 4.2, dense, with the paper's gate placement named.
 
 Zagoruyko and Komodakis' pre-activation WRN: a 3x3 stem convolution with 16 channels, then three
 groups of :math:`n = (d - 4) / 6` residual blocks of widths :math:`16k, 32k, 64k` (the second and
@@ -11,15 +11,12 @@ third start with stride 2), batch norm, ReLU, global average pooling and a linea
 
 with a 1x1 shortcut convolution :math:`W_s` where the width or stride changes. The paper puts the
 L0 gates on the first convolution :math:`W_1` of every block (one gate per output channel);
-:func:`l0_wide_resnet` does that through :func:`~l0bayes.nn.sparsify`, with the gates applied after
-:math:`\mathrm{BN}_2` so that closed channels are removed exactly by :func:`~l0bayes.nn.prune`.
+:func:`~l0bayes.pruning.l0_wide_resnet` does that through :func:`~l0bayes.pruning.sparsify`, with the gates
+applied after :math:`\mathrm{BN}_2` so that closed channels are removed exactly by :func:`~l0bayes.pruning.prune`.
 """
 
-import torch
 import torch.nn.functional as F
 from torch import nn
-
-from .sparsify import sparsify
 
 
 class WideResNetBlock(nn.Module):
@@ -92,14 +89,9 @@ class WideResNet(nn.Module):
         ]
 
 
-def l0_wide_resnet(depth=28, widen_factor=10, num_classes=10, in_channels=3, input_size=32, dropout=0.0, **gate_kwargs):
-    r"""A :class:`WideResNet` with the paper's L0 gates: one per output channel of every block's first convolution.
+def __getattr__(name):
+    if name == "l0_wide_resnet":  # its former home: it is sparsify() on a WideResNet
+        from ..pruning.wrn import l0_wide_resnet
 
-    ``sparsify(WideResNet(...), wrn.first_convolutions(), example_inputs=...)``; the gates are
-    ``"group<g>.<b>.conv1.gate"``. ``gate_kwargs`` go to every gate: the paper's WRN starts them at
-    ``init_drop_rate=0.3``, the dropout rate of the dense network (Section 4.2).
-    """
-    gate_kwargs.setdefault("init_drop_rate", 0.3)
-    net = WideResNet(depth, widen_factor, num_classes, in_channels, dropout)
-    example = torch.zeros(1, in_channels, input_size, input_size)
-    return sparsify(net, net.first_convolutions(), example_inputs=example, inplace=True, **gate_kwargs)
+        return l0_wide_resnet
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

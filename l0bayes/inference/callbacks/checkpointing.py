@@ -2,7 +2,7 @@
 
 import torch
 
-from ..checkpoint import save_checkpoint
+from ...io import save_checkpoint
 from ..resume import BEFORE_FINAL_PHASE
 from ..rng import rng_state, set_rng_state
 from .base import Callback
@@ -15,7 +15,7 @@ TOP_LEVEL = ("ema", "scheduler")
 
 
 class Checkpointing(Callback):
-    """After every epoch, save the run to ``path`` atomically (:func:`~l0bayes.inference.checkpoint.save_checkpoint`).
+    """After every epoch, save the run to ``path`` atomically (:func:`~l0bayes.io.save_checkpoint`).
 
     The checkpoint holds the model, the optimiser, the objective's state and multipliers, every
     callback's state, the history, the batch order's generator and the random states (of every rank

@@ -1,0 +1,41 @@
+"""Pruning: gates on any network, the smaller network they leave, its size and its safe export.
+
+* :func:`sparsify` attaches hard concrete gates to an existing model (:func:`l0_wide_resnet`: the paper's
+  Wide ResNet); :func:`strip_gates` folds the test-time gates back into its weights.
+* :func:`prune` removes the closed groups: along an ``nn.Sequential`` of L0 layers
+  (:mod:`~l0bayes.pruning.sequential`), or through the dependency graph of a sparsified model
+  (:mod:`~l0bayes.pruning.dependency`), residual connections included.
+* :func:`count_parameters`, :func:`flops`, :func:`expected_flops` and :class:`PruneReport`: the sizes of
+  Table 1 and Fig. 3.
+* :func:`save_pruned` / :func:`load_pruned`: a pruned network as tensors and a list of layers, loaded
+  without running code; :func:`for_inference` prepares it for CPU inference.
+
+These names were first in :mod:`l0bayes.nn`, and still import from there.
+"""
+
+from .counting import count_parameters, expected_flops, flops
+from .export import fold_batch_norm, for_inference, load_pruned, save_pruned
+from .prune import prune
+from .report import PruneReport
+from .select import SelectFeatures
+from .sparsify import GatedLayer, Group, GroupGate, sparsify, strip_gates
+from .wrn import l0_wide_resnet
+
+__all__ = [
+    "GatedLayer",
+    "Group",
+    "GroupGate",
+    "PruneReport",
+    "SelectFeatures",
+    "count_parameters",
+    "expected_flops",
+    "flops",
+    "fold_batch_norm",
+    "for_inference",
+    "l0_wide_resnet",
+    "load_pruned",
+    "prune",
+    "save_pruned",
+    "sparsify",
+    "strip_gates",
+]

@@ -1,0 +1,25 @@
+"""The parameter-free selection of kept units that a pruned network puts in front of a smaller layer."""
+
+import torch
+from torch import nn
+
+__all__ = ["SelectFeatures"]
+
+
+class SelectFeatures(nn.Module):
+    """Parameter-free selection of the kept units along dimension ``dim``: ``x.index_select(dim, index)``.
+
+    ``index`` is a buffer (moves with ``.to()``, no parameters, no FLOPs counted).
+    """
+
+    def __init__(self, index, num_inputs, dim=1):
+        super().__init__()
+        self.register_buffer("index", torch.as_tensor(index, dtype=torch.long))
+        self.num_inputs = int(num_inputs)
+        self.dim = int(dim)
+
+    def extra_repr(self):
+        return f"{self.index.numel()} of {self.num_inputs}" + (f", dim={self.dim}" if self.dim != 1 else "")
+
+    def forward(self, x):
+        return x.index_select(self.dim, self.index)
