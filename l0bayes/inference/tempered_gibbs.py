@@ -164,6 +164,7 @@ class _State:
         ones = x.new_ones(self.n, num_fixed)
         self.xa = torch.cat([x, ones, x.new_zeros(self.n, 1)], dim=1)
         self.pad = self.p + num_fixed
+        self.x2 = x * x
         self.u = u  # (p + F + 1,) working response X_a^T W y (zero at the pad)
         self.lam = slab_precision
         self.fixed_lam = fixed_precision
@@ -171,27 +172,34 @@ class _State:
         self.omega = omega  # (C, n) or None
         self.cache_index = torch.full((self.pad + 1,), -1, dtype=torch.long, device=self.device)
         self.cache = x.new_zeros(self.p, 0)
+        self.cached = 0
         self.capacity = capacity
 
     # -- Gram columns X^T W x_j (rows: the p features)
     def gram_columns(self, chains, cols):
         """``(len(chains), p)``: :math:`X^\top W_c x_{j}` for each pair (chain, column)."""
         if self.omega is None:
-            missing = torch.unique(cols[self.cache_index[cols] < 0])
-            if missing.numel():
-                new = (self.xa[:, : self.p].T @ self.xa[:, missing]) * self.noise_precision
-                start = self.cache.shape[1]
-                self.cache = torch.cat([self.cache, new], dim=1)
-                self.cache_index[missing] = torch.arange(start, start + missing.numel(), device=self.device)
-            return self.cache[:, self.cache_index[cols]].T
+            where = self.cache_index[cols]
+            if bool((where < 0).any()):
+                missing = torch.unique(cols[where < 0])
+                start, end = self.cached, self.cached + missing.numel()
+                if end > self.cache.shape[1]:  # grow the cache by doubling
+                    grown = self.cache.new_zeros(self.p, max(2 * self.cache.shape[1], end, 64))
+                    grown[:, :start] = self.cache[:, :start]
+                    self.cache = grown
+                self.cache[:, start:end] = (self.xa[:, : self.p].T @ self.xa[:, missing]) * self.noise_precision
+                self.cache_index[missing] = torch.arange(start, end, device=self.device)
+                self.cached = end
+                where = self.cache_index[cols]
+            return self.cache[:, where].T
         weighted = self.omega[chains] * self.xa[:, cols].T  # (m, n)
         return weighted @ self.xa[:, : self.p]
 
     def diag(self):
         """``(C, p)`` or ``(1, p)``: :math:`x_j^\top W x_j`."""
         if self.omega is None:
-            return ((self.xa[:, : self.p] ** 2).sum(0) * self.noise_precision)[None]
-        return self.omega @ self.xa[:, : self.p] ** 2
+            return (self.x2.sum(0) * self.noise_precision)[None]
+        return self.omega @ self.x2
 
     def slot_precision(self):
         lam = torch.full_like(self.idx, 1.0, dtype=self.dtype)
@@ -239,7 +247,7 @@ class _State:
             self.G[c] = g
             self.q[c] = ((g @ ainv) * g).sum(1)
             if self.omega is not None:
-                self.d[c] = self.omega[c] @ self.xa[:, : self.p] ** 2
+                self.d[c] = self.omega[c] @ self.x2
 
     def allocate(self):
         C, K = self.C, self.capacity
@@ -328,6 +336,27 @@ class _State:
         return xs @ b
 
 
+def _polya_gamma_sampler(backend, device):
+    """The function drawing :math:`\mathrm{PG}(1, \psi)`: the ``polyagamma`` package (compiled, CPU) or the torch one."""
+    if backend not in ("auto", "torch", "polyagamma"):
+        raise ValueError(f"polya_gamma must be 'auto', 'torch' or 'polyagamma', got {backend!r}")
+    if backend == "torch" or (backend == "auto" and torch.device(device).type != "cpu"):
+        return sample_polya_gamma
+    try:
+        from polyagamma import random_polyagamma
+    except ImportError:
+        if backend == "polyagamma":
+            raise ImportError("polya_gamma='polyagamma' needs the polyagamma package: pip install polyagamma") from None
+        return sample_polya_gamma
+
+    def draw(psi, generator=None):
+        seed = int(torch.randint(2**62, (1,), generator=generator, device=psi.device))
+        out = random_polyagamma(1, psi.detach().cpu().numpy(), random_state=np.random.default_rng(seed))
+        return torch.as_tensor(out, dtype=psi.dtype, device=psi.device)
+
+    return draw
+
+
 def _rhat_ess(blocks_h, blocks_w, pip, select):
     """ArviZ's R-hat and the MCSE of the ratio estimate for the features in ``select`` (block sums in)."""
     from ..analysis.inference_data import import_arviz
@@ -347,16 +376,20 @@ def _rhat_ess(blocks_h, blocks_w, pip, select):
     return rhat, mcse
 
 
-def _diagnostics(acc, pip):
-    """R-hat, MCSE and ESS per feature from the block sums of the chains."""
+def _diagnostics(acc, pip, seen_at):
+    """R-hat, MCSE and ESS per feature from the block sums of the chains.
+
+    ArviZ computes R-hat and the MCSE of the features that some chain puts at ``seen_at`` or
+    above; for the others (every chain says almost 0) the MCSE is the standard error of the
+    chains' own estimates and R-hat is ``nan``.
+    """
     bh = acc["pip"].stacked().cpu().numpy()  # (C, B, p)
     bw = acc["w"].stacked().cpu().numpy()  # (C, B)
     p = pip.shape[0]
     rhat = np.full(p, np.nan)
     mcse = np.zeros(p)
     chain_pip = bh.sum(1) / bw.sum(1)[:, None]
-    # R-hat where any chain sees the feature; elsewhere every chain says (almost) 0
-    seen = chain_pip.max(0) >= RELEVANT / 10
+    seen = chain_pip.max(0) >= seen_at
     if bh.shape[1] >= 4:
         sel = np.flatnonzero(seen)
         if sel.size:
@@ -394,6 +427,7 @@ def tempered_gibbs(
     intercept_scale=10.0,
     refresh=200,
     thin=None,
+    polya_gamma="auto",
     generator=None,
 ):
     r"""Sample the collapsed spike-and-slab posterior with weighted tempered Gibbs (see the module docstring).
@@ -409,7 +443,7 @@ def tempered_gibbs(
     :param int warmup: steps per chain discarded first.
     :param int max_steps: at most this many steps per chain after warm-up.
     :param int min_steps: at least this many steps per chain after warm-up before stopping early.
-    :param time_budget: seconds; sampling stops at the first check past it (``None``: no limit).
+    :param time_budget: seconds; sampling stops when they have passed (``None``: no limit).
     :param int check_every: steps between convergence checks; sampling stops early when every
         probability of at least 0.01 has R-hat <= 1.01 and ESS >= 100.
     :param float explore: :math:`\kappa_e` of the selection weights (about that many
@@ -420,6 +454,10 @@ def tempered_gibbs(
         (its selection weight :math:`\xi` is adapted during warm-up, then fixed).
     :param float intercept_scale: Bernoulli: prior sd :math:`\tau_0` of the intercept.
     :param int refresh: steps between full recomputations of :math:`A^{-1}` and :math:`q`.
+    :param str polya_gamma: Bernoulli: how to draw :math:`\omega`: ``"torch"``
+        (:func:`~l0bayes.distributions.polya_gamma.sample_polya_gamma`, any device),
+        ``"polyagamma"`` (the compiled ``polyagamma`` package, CPU; ``pip install l0bayes[fast]``)
+        or ``"auto"`` (the package on the CPU where it is installed, else torch). Both are exact.
     :param thin: keep every ``thin``-th state for :attr:`TemperedGibbsResult.states` at first; the
         interval doubles whenever 2000 are kept, so 1000 to 2000 remain per chain.
     :returns: :class:`TemperedGibbsResult`.
@@ -446,6 +484,7 @@ def tempered_gibbs(
     gen = generator
     bern = family == "bernoulli"
     if bern:
+        draw_pg = _polya_gamma_sampler(polya_gamma, device)
         kappa = y - 0.5
         u = torch.cat([x.T @ kappa, kappa.sum()[None], kappa.new_zeros(1)])
         omega = polya_gamma_mean(torch.zeros(C, n, dtype=dtype, device=device))
@@ -457,7 +496,7 @@ def tempered_gibbs(
     state.start(_starting_models(start, C, p, device, gen))
     if bern:  # start omega at a draw given the starting model's coefficients
         for c in range(C):
-            state.omega[c] = sample_polya_gamma(state.draw_coefficients(c, gen), gen)
+            state.omega[c] = draw_pg(state.draw_coefficients(c, gen), gen)
         state.refresh(torch.arange(C, device=device))
     log_odds = math.log(prior_inclusion) - math.log1p(-prior_inclusion)
     log_slab_var = 2.0 * math.log(slab_scale)
@@ -473,7 +512,6 @@ def tempered_gibbs(
     states, state_logw = [[] for _ in range(C)], [[] for _ in range(C)]
     omega_moves, step, stopped = 0, 0, "steps"
     total = warmup + max_steps
-    result = None
     while step < total:
         logit, mean = state.conditionals(log_odds, log_slab_var)
         log_pi, log_not = torch.nn.functional.logsigmoid(logit), torch.nn.functional.logsigmoid(-logit)
@@ -511,7 +549,7 @@ def tempered_gibbs(
         if bern:
             moves = torch.nonzero(choice == p).flatten()
             for c in moves.tolist():
-                state.omega[c] = sample_polya_gamma(state.draw_coefficients(c, gen), gen)
+                state.omega[c] = draw_pg(state.draw_coefficients(c, gen), gen)
             if moves.numel():
                 state.refresh(moves)
             if step < warmup:  # Robbins-Monro on log xi towards the target share, averaged over the second half
@@ -527,17 +565,14 @@ def tempered_gibbs(
         if step % refresh == 0:
             state.refresh(chains)
         done = step - warmup
-        if done > 0 and (done % check_every == 0 or step == total):
-            result = _result(acc, states, state_logw, done, warmup, began, omega_moves, C)
-            past_time = time_budget is not None and time.perf_counter() - began >= time_budget
-            if done >= min_steps and result.mixed:
+        if time_budget is not None and time.perf_counter() - began >= time_budget and done > 0:
+            stopped = "time"
+            break
+        if done >= min_steps and done > 0 and done % check_every == 0:
+            if _result(acc, states, state_logw, done, warmup, began, omega_moves, C, RELEVANT).mixed:
                 stopped = "mixed"
                 break
-            if past_time:
-                stopped = "time"
-                break
-    if result is None or result.num_steps != step - warmup:
-        result = _result(acc, states, state_logw, max(step - warmup, 0), warmup, began, omega_moves, C)
+    result = _result(acc, states, state_logw, max(step - warmup, 0), warmup, began, omega_moves, C, RELEVANT / 10)
     result.details["stopped"] = stopped
     result.seconds = time.perf_counter() - began
     return result
@@ -557,7 +592,7 @@ def _starting_models(start, C, p, device, gen):
     return draws
 
 
-def _result(acc, states, state_logw, done, warmup, began, omega_moves, C):
+def _result(acc, states, state_logw, done, warmup, began, omega_moves, C, seen_at):
     if not acc["w"].sums:  # fewer steps than one block: close the open one
         for a in acc.values():
             if a.open is not None:
@@ -567,7 +602,7 @@ def _result(acc, states, state_logw, done, warmup, began, omega_moves, C):
     pip = (acc["pip"].stacked().sum((0, 1)) / total_w).cpu().numpy()
     coef = (acc["coef"].stacked().sum((0, 1)) / total_w).cpu().numpy()
     pip = np.clip(pip, 0.0, 1.0)
-    rhat, mcse, ess, chain_pip = _diagnostics(acc, pip)
+    rhat, mcse, ess, chain_pip = _diagnostics(acc, pip, seen_at)
     return TemperedGibbsResult(
         inclusion=pip,
         mcse=mcse,
