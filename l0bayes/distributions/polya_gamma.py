@@ -40,12 +40,21 @@ def _coefficient(n, x):
     return torch.where(x <= TRUNCATION, small, large)
 
 
+CANDIDATES = 4  # proposals drawn at once per pending element: the loops rarely run twice
+
+
 def _uniform(like, generator):
     return torch.rand(like.shape, dtype=like.dtype, device=like.device, generator=generator)
 
 
 def _exponential(like, generator):
     return -torch.log1p(-_uniform(like, generator))
+
+
+def _first_accepted(x, ok):
+    """Per column of ``(m, k)`` candidates ``x``: the first with ``ok``, and whether there was one."""
+    first = torch.argmax(ok.to(torch.int8), dim=0)
+    return x.gather(0, first[None]).squeeze(0), ok.any(0)
 
 
 def _truncated_inverse_gaussian(z, generator):
@@ -58,27 +67,21 @@ def _truncated_inverse_gaussian(z, generator):
     t = TRUNCATION
     out = torch.empty_like(z)
     pending = torch.ones_like(z, dtype=torch.bool)
-    wide = z < 1.0 / t
     while bool(pending.any()):
-        zp = z[pending]
-        x = torch.empty_like(zp)
-        w = wide[pending]
-        if bool(w.any()):
-            zw = zp[w]
-            # Lévy truncated to (0, t): x = t / (1 + t e1)^2 with e1, e2 exponential and e1^2 <= 2 e2 / t
-            e1, e2 = _exponential(zw, generator), _exponential(zw, generator)
-            xw = t / (1.0 + t * e1) ** 2
-            ok = (e1 * e1 <= 2.0 * e2 / t) & (_uniform(zw, generator) <= torch.exp(-0.5 * zw * zw * xw))
-            x[w] = torch.where(ok, xw, torch.full_like(xw, math.inf))
-        n = ~w
-        if bool(n.any()):
-            mu = 1.0 / zp[n]
-            y = torch.randn(mu.shape, dtype=mu.dtype, device=mu.device, generator=generator) ** 2
-            xn = mu + 0.5 * mu * mu * y - 0.5 * mu * torch.sqrt(4.0 * mu * y + (mu * y) ** 2)
-            xn = torch.where(_uniform(mu, generator) > mu / (mu + xn), mu * mu / xn, xn)
-            x[n] = torch.where(xn < t, xn, torch.full_like(xn, math.inf))
-        done = torch.isfinite(x)
         where = torch.nonzero(pending).flatten()
+        zp = z[where].expand(CANDIDATES, -1)
+        # Lévy truncated to (0, t): x = t / (1 + t e1)^2 with e1, e2 exponential and e1^2 <= 2 e2 / t
+        e1, e2 = _exponential(zp, generator), _exponential(zp, generator)
+        levy = t / (1.0 + t * e1) ** 2
+        levy_ok = (e1 * e1 <= 2.0 * e2 / t) & (_uniform(zp, generator) <= torch.exp(-0.5 * zp * zp * levy))
+        mu = 1.0 / zp.clamp(min=1e-300)
+        y = torch.randn(zp.shape, dtype=zp.dtype, device=zp.device, generator=generator) ** 2
+        ig = mu + 0.5 * mu * mu * y - 0.5 * mu * torch.sqrt(4.0 * mu * y + (mu * y) ** 2)
+        ig = torch.where(_uniform(zp, generator) > mu / (mu + ig), mu * mu / ig, ig)
+        wide = zp < 1.0 / t
+        x = torch.where(wide, levy, ig)
+        ok = torch.where(wide, levy_ok, ig < t)
+        x, done = _first_accepted(x, ok)
         out[where[done]] = x[done]
         pending[where[done]] = False
     return out
@@ -109,11 +112,10 @@ def sample_polya_gamma(c, generator=None):
     out = torch.empty_like(z)
     pending = torch.ones_like(z, dtype=torch.bool)
     while bool(pending.any()):
-        zp, kp = z[pending], rate[pending]
-        above = _uniform(zp, generator) < prob_above[pending]
-        x = torch.empty_like(zp)
-        if bool(above.any()):
-            x[above] = t + _exponential(kp[above], generator) / kp[above]
+        where = torch.nonzero(pending).flatten()
+        zp, kp = z[where].expand(CANDIDATES, -1), rate[where].expand(CANDIDATES, -1)
+        above = _uniform(zp, generator) < prob_above[where]
+        x = torch.where(above, t + _exponential(zp, generator) / kp, zp)
         if bool((~above).any()):
             x[~above] = _truncated_inverse_gaussian(zp[~above], generator)
         bound = _coefficient(0, x)
@@ -131,9 +133,9 @@ def sample_polya_gamma(c, generator=None):
             else:
                 bound = bound + _coefficient(n, x)
                 open_ &= ~(y > bound)
-        where = torch.nonzero(pending).flatten()
-        out[where[accepted]] = 0.25 * x[accepted]
-        pending[where[accepted]] = False
+        x, done = _first_accepted(x, accepted)
+        out[where[done]] = 0.25 * x[done]
+        pending[where[done]] = False
     return out.reshape(shape)
 
 

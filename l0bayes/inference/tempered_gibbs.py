@@ -1,4 +1,4 @@
-r"""Exact posterior inclusion probabilities by weighted tempered Gibbs sampling on the collapsed spike-and-slab posterior.
+r"""Exact inclusion probabilities by weighted tempered Gibbs sampling of the collapsed spike-and-slab posterior.
 
 The sampler of Zanella & Roberts (2019, "Scalable importance tempering and Bayesian variable
 selection", JRSS-B 81), *weighted tempered Gibbs sampling* (wTGS, their Section 4), on the
@@ -282,7 +282,7 @@ class _State:
         return logit, mean
 
     def flip(self, feats, act):
-        """Flip feature ``feats[c]`` in every chain ``c`` with ``act[c]``: rank-one updates of :math:`A^{-1}`, ``G``, ``q``."""
+        """Flip feature ``feats[c]`` in each chain ``c`` with ``act[c]``: rank-one updates of :math:`A^{-1}`, G, q."""
         ar = self.arange
         was_on = self.gamma.gather(1, feats[:, None]).squeeze(1)
         adding, removing = act & ~was_on, act & was_on
@@ -323,7 +323,7 @@ class _State:
         self.gamma.scatter_(1, feats[:, None], (act ^ was_on)[:, None])
 
     def draw_coefficients(self, c, generator):
-        r"""One draw of :math:`b_{\gamma} \mid \gamma, \omega, y` of chain ``c`` and the linear predictor :math:`\psi`."""
+        r"""Draw :math:`b_{\gamma} \mid \gamma, \omega, y` for chain ``c``; return :math:`\psi = X_\gamma b_\gamma`."""
         used = self.idx[c] != self.pad
         cols = self.idx[c][used]
         xs = self.xa[:, cols]
@@ -337,7 +337,7 @@ class _State:
 
 
 def _polya_gamma_sampler(backend, device):
-    """The function drawing :math:`\mathrm{PG}(1, \psi)`: the ``polyagamma`` package (compiled, CPU) or the torch one."""
+    r"""The function drawing :math:`\mathrm{PG}(1, \psi)`: the ``polyagamma`` package (compiled, CPU) or torch's."""
     if backend not in ("auto", "torch", "polyagamma"):
         raise ValueError(f"polya_gamma must be 'auto', 'torch' or 'polyagamma', got {backend!r}")
     if backend == "torch" or (backend == "auto" and torch.device(device).type != "cpu"):

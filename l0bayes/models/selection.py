@@ -133,10 +133,12 @@ class SelectionResult:
                     "Monte Carlo standard errors in result.mcse."
                 )
             bad = run.unmixed()
-            rhat = np.nanmax(np.where(bad, run.rhat, np.nan)) if bad.any() else float("nan")
-            ess = np.nanmin(np.where(bad, run.ess, np.nan)) if bad.any() else float("nan")
+            rhat = run.rhat[bad & np.isfinite(run.rhat)]
+            ess = run.ess[bad & np.isfinite(run.ess)]
+            rhat = f"{rhat.max():.4f}" if rhat.size else "nan"
+            ess = f"{ess.min():.0f}" if ess.size else "nan"
             return head + (
-                f": NOT mixed, {int(bad.sum())} probabilities with R-hat up to {rhat:.3f} or ESS down to {ess:.0f} "
+                f": NOT mixed, {int(bad.sum())} probabilities with R-hat up to {rhat} or ESS down to {ess} "
                 f"(need <= {RHAT_MAX} and >= {ESS_MIN}); {self.capped.size} above {CAP} capped at {CAP}; "
                 "raise time_budget."
             )
