@@ -274,7 +274,53 @@ def summary_tables(records, markdown):
                 cal_rows.append([family, method, f"[{BINS[b]:g}, {hi}", str(num), str(true), frac])
     header = ["family", "method", "PIP bin", "features", "truly included", "fraction"]
     out.append(format_table(header, cal_rows, markdown))
+    targets = target_table(records, markdown)
+    if targets:
+        out.append(targets)
     return "\n\n".join(out)
+
+
+def target_table(records, markdown):
+    """Per setting, paired by seed: l0bayes's AUPRC minus millipede's and SuSiE's, and the time ratio to millipede.
+
+    The time ratio is over the runs where l0bayes's importance check failed (its answer then comes
+    from the sampler, or the fit with ``method="variational"``).
+    """
+    rows = []
+    for setting in sorted({_setting(r) for r in records}):
+        by = {}
+        for r in records:
+            if _setting(r) == setting:
+                by.setdefault(r["method"], {})[r["seed"]] = r
+        ours = by.get("l0bayes", {})
+        if not ours or "millipede" not in by:
+            continue
+        seeds = sorted(set(ours) & set(by["millipede"]))
+        diff = [ours[s]["auprc"] - by["millipede"][s]["auprc"] for s in seeds]
+        susie = by.get("susie", {})
+        diff_susie = [ours[s]["auprc"] - susie[s]["auprc"] for s in seeds if s in susie]
+        failed = [s for s in seeds if not ours[s]["khat"] <= 0.7]
+        ratio = [ours[s]["seconds"] / by["millipede"][s]["seconds"] for s in failed]
+        family, design, n, p, rho = setting
+        rows.append(
+            [
+                family,
+                design,
+                f"{n} x {p}",
+                f"{rho:g}",
+                str(len(seeds)),
+                _ms(diff),
+                f"{min(diff):+.3f}",
+                _ms(diff_susie) if diff_susie else "-",
+                f"{len(failed)}",
+                _ms(ratio, 2) if ratio else "-",
+            ]
+        )
+    if not rows:
+        return ""
+    header = ["family", "design", "n x p", "rho", "seeds", "AUPRC - millipede", "worst seed", "AUPRC - SuSiE"]
+    header += ["check failed", "seconds / millipede (check failed)"]
+    return format_table(header, rows, markdown)
 
 
 def diabetes(markdown):

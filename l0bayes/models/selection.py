@@ -21,11 +21,18 @@ guide of the docs has the numbers):
    ones); above, the fit's own probabilities are returned and the result says they are not
    checked.
 
+4. Where the check fails (``method="auto"``, the default), the exact posterior is sampled by
+   weighted tempered Gibbs sampling (Zanella & Roberts, 2019;
+   :mod:`l0bayes.inference.tempered_gibbs`), started from the fit, within ``time_budget``
+   seconds; its Rao-Blackwellised probabilities, with R-hat, ESS and a Monte Carlo standard error
+   each, are returned (``result.method == "mcmc"``). No probability above 0.9 is returned without
+   a passed check or a mixed chain: such a probability is returned as 0.9 (``result.capped``).
+
 Bernoulli family: the mean-field hard concrete model
 (:class:`~l0bayes.models.SparseLogisticRegression`, Gaussian slab) fitted full batch until the
 free energy stabilises; its draws :math:`(z, \tilde\theta)` are reweighted to the exact joint
 density (the mixed log-density of the gates, Eq. 26, and the slab), with the same
-:math:`\hat k` diagnostic.
+:math:`\hat k` diagnostic; where it fails, the sampler runs on the Pólya-Gamma augmented model.
 """
 
 import math
