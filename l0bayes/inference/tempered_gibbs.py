@@ -133,8 +133,10 @@ class _Blocks:
         self.size = 1  # steps per stored block
         self.open = None
         self.count = 0
+        self.total = 0.0
 
     def add(self, value):
+        self.total = self.total + value.sum()
         self.open = value.clone() if self.open is None else self.open + value
         self.count += 1
         if self.count == self.size:
@@ -158,6 +160,7 @@ class _State:
     """
 
     def __init__(self, x, u, slab_precision, fixed_precision, num_fixed, noise_precision, omega, capacity):
+        # u: (p + F + 1,) X_a^T y (Gaussian, scaled by each chain's 1 / sigma^2) or X_a^T kappa (Bernoulli)
         self.n, self.p = x.shape
         self.dtype, self.device = x.dtype, x.device
         self.num_fixed = num_fixed
@@ -165,10 +168,10 @@ class _State:
         self.xa = torch.cat([x, ones, x.new_zeros(self.n, 1)], dim=1)
         self.pad = self.p + num_fixed
         self.x2 = x * x
-        self.u = u  # (p + F + 1,) working response X_a^T W y (zero at the pad)
+        self.u0 = u  # zero at the pad; self.u: (C, p + F + 1) each chain's working response
         self.lam = slab_precision
         self.fixed_lam = fixed_precision
-        self.noise_precision = noise_precision  # Gaussian: 1 / sigma^2; None for PG weights
+        self.noise_precision = noise_precision  # Gaussian: (C,) 1 / sigma^2 of each chain; None for PG weights
         self.omega = omega  # (C, n) or None
         self.cache_index = torch.full((self.pad + 1,), -1, dtype=torch.long, device=self.device)
         self.cache = x.new_zeros(self.p, 0)
@@ -187,18 +190,18 @@ class _State:
                     grown = self.cache.new_zeros(self.p, max(2 * self.cache.shape[1], end, 64))
                     grown[:, :start] = self.cache[:, :start]
                     self.cache = grown
-                self.cache[:, start:end] = (self.xa[:, : self.p].T @ self.xa[:, missing]) * self.noise_precision
+                self.cache[:, start:end] = self.xa[:, : self.p].T @ self.xa[:, missing]
                 self.cache_index[missing] = torch.arange(start, end, device=self.device)
                 self.cached = end
                 where = self.cache_index[cols]
-            return self.cache[:, where].T
+            return self.cache[:, where].T * self.noise_precision[chains, None]
         weighted = self.omega[chains] * self.xa[:, cols].T  # (m, n)
         return weighted @ self.xa[:, : self.p]
 
     def diag(self):
         """``(C, p)`` or ``(1, p)``: :math:`x_j^\top W x_j`."""
         if self.omega is None:
-            return (self.x2.sum(0) * self.noise_precision)[None]
+            return self.x2.sum(0)[None] * self.noise_precision[:, None]
         return self.omega @ self.x2
 
     def slot_precision(self):
@@ -220,6 +223,11 @@ class _State:
             self.idx[c, self.num_fixed : self.num_fixed + on.numel()] = on
         self.gamma = gammas.clone()
         self.arange = torch.arange(self.C, device=self.device)
+        if self.omega is None:
+            self.noise_precision = self.noise_precision.expand(self.C).clone()
+            self.u = self.u0[None] * self.noise_precision[:, None]
+        else:
+            self.u = self.u0.expand(self.C, -1).clone()
         self.allocate()
         self.d = self.diag()
         self.refresh(torch.arange(self.C, device=self.device))
@@ -232,7 +240,7 @@ class _State:
             used = idx != self.pad
             cols = idx[used]
             xs = self.xa[:, cols]
-            w = self.noise_precision if self.omega is None else self.omega[c][:, None]
+            w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
             a_used = xs.T @ (w * xs)
             prec = self.slot_precision()[c, used]
             a_used = a_used + torch.diag(prec)
@@ -246,8 +254,7 @@ class _State:
             g[:, pos] = self.xa[:, : self.p].T @ (w * xs)
             self.G[c] = g
             self.q[c] = ((g @ ainv) * g).sum(1)
-            if self.omega is not None:
-                self.d[c] = self.omega[c] @ self.x2
+            self.d[c] = self.x2.sum(0) * w if self.omega is None else self.omega[c] @ self.x2
 
     def allocate(self):
         C, K = self.C, self.capacity
@@ -265,9 +272,9 @@ class _State:
 
     def conditionals(self, log_prior_odds, log_slab_var):
         r"""``logit`` :math:`\pi_j(\gamma)` and :math:`E[b_j \mid \gamma_j = 1, \gamma_{-j}, y]`, ``(C, p)`` each."""
-        u_slot = self.u[self.idx]  # (C, K)
+        u_slot = self.u.gather(1, self.idx)  # (C, K)
         beta = torch.bmm(self.ainv, u_slot[..., None]).squeeze(-1)  # (C, K)
-        r = self.u[: self.p] - torch.bmm(self.G, beta[..., None]).squeeze(-1)  # (C, p)
+        r = self.u[:, : self.p] - torch.bmm(self.G, beta[..., None]).squeeze(-1)  # (C, p)
         s = torch.clamp(self.d + self.lam - self.q, min=self.lam)  # s_j >= 1/tau^2 exactly; guards rounding
         # features in the model: s = 1 / Ainv_kk and r / s = b_hat_k, written over the slots
         # (empty slots write to a spare column p, dropped)
@@ -328,12 +335,19 @@ class _State:
         cols = self.idx[c][used]
         xs = self.xa[:, cols]
         prec = self.slot_precision()[c, used]
-        a = xs.T @ (self.omega[c][:, None] * xs) + torch.diag(prec)
+        w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
+        a = xs.T @ (w * xs) + torch.diag(prec)
         chol = torch.linalg.cholesky(a)
-        mean = torch.cholesky_solve(self.u[cols][:, None], chol).squeeze(-1)
+        mean = torch.cholesky_solve(self.u[c, cols][:, None], chol).squeeze(-1)
         eps = torch.randn(mean.shape, dtype=self.dtype, device=self.device, generator=generator)
         b = mean + torch.linalg.solve_triangular(chol.T, eps[:, None], upper=True).squeeze(-1)
         return xs @ b
+
+    def set_noise_precision(self, c, precision):
+        r"""Gaussian: chain ``c`` continues at noise precision :math:`1/\sigma^2` = ``precision``."""
+        self.noise_precision[c] = precision
+        self.u[c] = self.u0 * precision
+        self.refresh(torch.tensor([c], device=self.device))
 
 
 def _polya_gamma_sampler(backend, device):
@@ -424,6 +438,7 @@ def tempered_gibbs(
     explore=5.0,
     kernel="wtgs",
     omega_fraction=0.2,
+    noise_prior=None,
     intercept_scale=10.0,
     refresh=200,
     thin=None,
@@ -450,8 +465,13 @@ def tempered_gibbs(
         uniformly chosen coordinates per ``p`` steps).
     :param str kernel: ``"wtgs"`` or ``"gibbs"`` (random-scan Gibbs on the same conditionals,
         unweighted; for comparison).
-    :param float omega_fraction: Bernoulli: target share of steps that update :math:`\omega`
+    :param float omega_fraction: target share of steps that update :math:`\omega` (or :math:`\sigma`)
         (its selection weight :math:`\xi` is adapted during warm-up, then fixed).
+    :param noise_prior: Gaussian: ``None`` keeps :math:`\sigma` = ``noise_scale`` fixed;
+        ``"jeffreys"`` samples it too, under :math:`p(\sigma^2) \propto 1/\sigma^2`, from
+        ``noise_scale``: one more coordinate like :math:`\omega` (draw :math:`b \mid \gamma,
+        \sigma, y`, then :math:`\sigma^2 \sim \mathrm{InvGamma}(n/2, \lVert y - X_\gamma b
+        \rVert^2 / 2)`); ``details["noise_scale_mean"]`` is its posterior mean.
     :param float intercept_scale: Bernoulli: prior sd :math:`\tau_0` of the intercept.
     :param int refresh: steps between full recomputations of :math:`A^{-1}` and :math:`q`.
     :param str polya_gamma: Bernoulli: how to draw :math:`\omega`: ``"torch"``
@@ -490,9 +510,12 @@ def tempered_gibbs(
         omega = polya_gamma_mean(torch.zeros(C, n, dtype=dtype, device=device))
         state = _State(x, u, 1.0 / slab_scale**2, 1.0 / intercept_scale**2, 1, None, omega, 16)
     else:
-        prec = 1.0 / noise_scale**2
-        u = torch.cat([x.T @ y * prec, y.new_zeros(1)])
+        prec = torch.full((C,), 1.0 / noise_scale**2, dtype=dtype, device=device)
+        u = torch.cat([x.T @ y, y.new_zeros(1)])
         state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, prec, None, 16)
+    if noise_prior not in (None, "jeffreys") or (noise_prior and bern):
+        raise ValueError(f"noise_prior must be None or 'jeffreys' (Gaussian family), got {noise_prior!r}")
+    aux = bern or noise_prior == "jeffreys"  # one more coordinate: omega, or sigma^2
     state.start(_starting_models(start, C, p, device, gen))
     if bern:  # start omega at a draw given the starting model's coefficients
         for c in range(C):
@@ -501,10 +524,11 @@ def tempered_gibbs(
     log_odds = math.log(prior_inclusion) - math.log1p(-prior_inclusion)
     log_slab_var = 2.0 * math.log(slab_scale)
     log_explore = math.log(explore / p)
-    if bern and not 0.0 < omega_fraction < 1.0:
+    if aux and not 0.0 < omega_fraction < 1.0:
         raise ValueError(f"omega_fraction must lie in (0, 1), got {omega_fraction}")
     # Z is about explore + |gamma| at a typical state: start xi near its target share of that
-    log_xi = math.log(omega_fraction / (1.0 - omega_fraction) * (explore + 10.0)) if bern else -math.inf
+    log_xi = math.log(omega_fraction / (1.0 - omega_fraction) * (explore + 10.0)) if aux else -math.inf
+    sigma_sum = x.new_zeros(())
     xi_trace = []
     chains = torch.arange(C, device=device)
     acc = {"pip": _Blocks(), "w": _Blocks(), "coef": _Blocks()}
@@ -520,7 +544,7 @@ def tempered_gibbs(
             log_sel = log_eta - torch.where(state.gamma, log_pi, log_not)
         else:
             log_sel = torch.zeros_like(log_pi)
-        if bern:
+        if aux:
             log_sel = torch.cat([log_sel, log_sel.new_full((C, 1), log_xi)], dim=1)
         log_z = torch.logsumexp(log_sel, dim=1)
         if step >= warmup:
@@ -529,6 +553,8 @@ def tempered_gibbs(
             acc["pip"].add(w[:, None] * pi)
             acc["w"].add(w)
             acc["coef"].add(w[:, None] * pi * mean)
+            if noise_prior is not None:
+                sigma_sum = sigma_sum + (w * state.noise_precision.rsqrt()).sum()
             if (step - warmup) % thin == 0:
                 for c in range(C):
                     states[c].append(torch.nonzero(state.gamma[c]).flatten().cpu().numpy())
@@ -546,11 +572,17 @@ def tempered_gibbs(
             new = torch.rand(C, dtype=dtype, device=device, generator=gen) < torch.exp(log_pi[chains, j])
             flips = flips & (new != state.gamma[chains, j])
         state.flip(choice.clamp(max=p - 1), flips)
-        if bern:
+        if aux:
             moves = torch.nonzero(choice == p).flatten()
             for c in moves.tolist():
-                state.omega[c] = draw_pg(state.draw_coefficients(c, gen), gen)
-            if moves.numel():
+                psi = state.draw_coefficients(c, gen)
+                if bern:
+                    state.omega[c] = draw_pg(psi, gen)
+                else:  # sigma^2 | b, y ~ InvGamma(n / 2, RSS / 2) under p(sigma^2) = 1 / sigma^2: chi2_n / RSS
+                    rss = ((y - psi) ** 2).sum()
+                    chi2 = torch.randn(n, dtype=dtype, device=device, generator=gen).pow(2).sum()
+                    state.set_noise_precision(c, chi2 / rss)
+            if bern and moves.numel():
                 state.refresh(moves)
             if step < warmup:  # Robbins-Monro on log xi towards the target share, averaged over the second half
                 share = moves.numel() / C
@@ -574,6 +606,8 @@ def tempered_gibbs(
                 break
     result = _result(acc, states, state_logw, max(step - warmup, 0), warmup, began, omega_moves, C, RELEVANT / 10)
     result.details["stopped"] = stopped
+    if noise_prior is not None:
+        result.details["noise_scale_mean"] = float(sigma_sum / acc["w"].total)
     result.seconds = time.perf_counter() - began
     return result
 

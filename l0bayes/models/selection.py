@@ -521,9 +521,14 @@ def _select_bernoulli(xs, y, prior_inclusion, slab_scale, opts):
 
 
 # ------------------------------------------------------------------ exact sampler
-def _refine(fit, xs, y, family, opts, time_budget):
-    """Weighted tempered Gibbs sampling of the exact posterior of the fit's target model, started from the fit."""
+def _refine(fit, xs, y, family, opts, time_budget, noise_given):
+    r"""Weighted tempered Gibbs sampling of the exact posterior of the fit's target model, started from the fit.
+
+    Gaussian family without a given ``noise_scale``: :math:`\sigma` is sampled too (Jeffreys prior,
+    started at the fit's estimate), since the fit's estimate is least reliable where its check fails.
+    """
     prior_inclusion, slab_scale, noise_scale = fit["hyper"]
+    sample_noise = family == "gaussian" and not noise_given
     run = tempered_gibbs(
         xs,
         y,
@@ -535,11 +540,17 @@ def _refine(fit, xs, y, family, opts, time_budget):
         num_chains=opts["num_chains"],
         max_steps=opts["mcmc_steps"],
         time_budget=time_budget,
+        noise_prior="jeffreys" if sample_noise else None,
         generator=opts["generator"],
     )
     details = {**fit["details"], "sampler_steps": run.num_steps, "sampler_seconds": run.seconds, **run.details}
+    hyper = fit["hyper"]
+    if sample_noise:
+        hyper = (prior_inclusion, slab_scale, run.details["noise_scale_mean"])
+        details["noise_prior"] = "jeffreys"
     return {
         **fit,
+        "hyper": hyper,
         "inclusion": run.inclusion,
         "coef": run.coef_mean,
         "method": "mcmc",
@@ -592,7 +603,9 @@ def select_variables(
     :param slab_scale: :math:`\tau`, the prior sd of an included coefficient per standard
         deviation of its feature; ``None``: the root mean square of the selected coefficients
         (1 for bernoulli).
-    :param noise_scale: :math:`\sigma`, fixed when given (Gaussian family); else estimated.
+    :param noise_scale: :math:`\sigma`, fixed when given (Gaussian family); else estimated by the
+        fit, and sampled by the exact sampler when it runs (prior :math:`p(\sigma^2) \propto 1/\sigma^2`;
+        ``result.noise_scale`` is then its posterior mean).
     :param feature_names: names for the result (default the column indices).
     :param device: where to compute (``"cpu"``, ``"cuda"``; default: the device of a tensor ``X``, else CPU).
     :param int num_draws: importance-sampling draws per round.
@@ -659,7 +672,8 @@ def select_variables(
         else:
             fit = _select_bernoulli(xs, yc, prior_inclusion, slab_scale, opts)
         if method == "mcmc" or (method == "auto" and not fit["khat"] <= KHAT_THRESHOLD):
-            fit = _refine(fit, xs, yc, family, opts, TIME_BUDGET if time_budget is None else float(time_budget))
+            budget = TIME_BUDGET if time_budget is None else float(time_budget)
+            fit = _refine(fit, xs, yc, family, opts, budget, noise_given=noise_scale is not None)
     inclusion, capped = _cap(fit)
     if capped.size:
         fit["details"]["uncapped"] = np.asarray(fit["inclusion"], dtype=np.float64)
