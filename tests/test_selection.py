@@ -185,6 +185,8 @@ def test_failed_check_is_refined_by_the_sampler(hard_design):
     assert res.mcse.shape == res.ess.shape == res.rhat.shape == (200,)
     assert res.details["sampler_steps"] > 0 and res.mixed in (True, False)
     assert res.reliable == res.mixed
+    # sigma was not given: the sampler samples it (the fit's estimate is not trusted where its check failed)
+    assert res.details["noise_prior"] == "jeffreys" and 0.7 < res.noise_scale < 1.4  # the true sigma is 1
     # never above 0.9 without a mixed chain: the features the sampler has not mixed on are capped
     unmixed = res.sampler.unmixed()
     assert not (res.inclusion_probabilities[unmixed] > 0.9).any()
