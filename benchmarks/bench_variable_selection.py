@@ -90,12 +90,12 @@ def make_data(n, p, rho, effects, seed, design="ar1", family="gaussian"):
     return x, y, beta != 0
 
 
-def run_l0bayes(x, y, effects, family):
+def run_l0bayes(x, y, effects, family, time_budget=None):
     import l0bayes
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        result = l0bayes.select_variables(x, y, family=family)
+        result = l0bayes.select_variables(x, y, family=family, time_budget=time_budget)
     extra = {"khat": result.khat, "reliable": result.reliable, "used": result.method, "capped": int(result.capped.size)}
     return result.inclusion_probabilities, extra
 
@@ -179,6 +179,8 @@ def run_grid(args):
                     start = time.perf_counter()
                     if method == "millipede":
                         pip, extra = run_millipede(x, y, args.effects, args.family, args.millipede_T)
+                    elif method == "l0bayes":
+                        pip, extra = run_l0bayes(x, y, args.effects, args.family, args.time_budget)
                     else:
                         pip, extra = RUNNERS[method](x, y, args.effects, args.family)
                     seconds = time.perf_counter() - start
@@ -404,6 +406,7 @@ def parse_args(argv=None):
     parser.add_argument("--family", choices=("gaussian", "bernoulli"), default="gaussian")
     parser.add_argument("--wide-n", type=int, default=None, help="rows of the wide design (default p / 5)")
     parser.add_argument("--millipede-T", type=int, default=5000, help="millipede's samples after burn-in")
+    parser.add_argument("--time-budget", type=float, default=None, help="select_variables' time_budget (default 15 s)")
     parser.add_argument(
         "--lasso-seeds", nargs="*", default=[], metavar="P=K", help="run LassoCV on only K seeds at p = P"
     )
