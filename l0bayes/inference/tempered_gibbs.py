@@ -17,7 +17,9 @@ with :math:`\kappa = y - \tfrac12`, so :math:`b` integrates out given :math:`\om
 Gaussian case. :math:`\omega` is one more coordinate of the tempered Gibbs sampler, updated
 from its exact conditional (draw :math:`b \mid \gamma, \omega, y`, then
 :math:`\omega_i \sim \mathrm{PG}(1, \psi_i)`; this kernel is reversible for
-:math:`p(\omega \mid \gamma, y)`).
+:math:`p(\omega \mid \gamma, y)`). For the Gaussian family with ``noise_prior="jeffreys"``,
+:math:`\sigma^2` is such a coordinate too (draw :math:`b`, then :math:`\sigma^2` from its
+inverse-gamma conditional).
 
 **Both.** With precision weights :math:`W` (:math:`I/\sigma^2`, or :math:`\Omega`), working
 response :math:`u = X^\top W y` (or :math:`X^\top \kappa`) and, for the current model,
@@ -96,8 +98,9 @@ class TemperedGibbsResult:
     :ivar num_steps: steps per chain after warm-up.
     :ivar num_warmup: warm-up steps per chain.
     :ivar seconds: wall time.
-    :ivar details: ``omega_fraction`` (Bernoulli: share of steps that updated :math:`\omega`),
-        ``stopped`` (``"mixed"``, ``"time"`` or ``"steps"``).
+    :ivar details: ``omega_fraction`` (share of steps that updated :math:`\omega` or :math:`\sigma`),
+        ``stopped`` (``"mixed"``, ``"time"`` or ``"steps"``), ``noise_scale_mean`` (posterior mean
+        of :math:`\sigma` when it is sampled).
     """
 
     inclusion: np.ndarray
