@@ -122,8 +122,8 @@ def test_small_p_matches_enumeration():
 def test_diabetes_within_0_1_of_exact_and_reliable(diabetes):
     x, y, sigma, exact = diabetes
     res = l0bayes.select_variables(x, y, prior_inclusion=0.5, slab_scale=1.0, noise_scale=sigma)
-    assert res.reliable
-    assert np.abs(res.inclusion_probabilities - exact).max() < 0.1
+    assert res.reliable and res.method == "reweighted"
+    assert np.abs(res.inclusion_probabilities - exact).max() < 0.05
     assert (res.prior_inclusion, res.slab_scale, res.noise_scale) == (0.5, 1.0, sigma)
     assert "can be trusted" in res.diagnostic
     # here k-hat is negative (-4.26): the line says what that means, not only that it is <= 0.7
@@ -217,16 +217,68 @@ def test_selection_plot_explains_its_colours(diabetes):
     assert all(t.get_fontsize() >= 9 and t.get_rotation() == 0 for t in ticks)
 
 
-def test_unreliable_result_warns():
+@pytest.fixture(scope="module")
+def hard_design():
+    """AR(1) rho 0.9 with 20 effects among 200 features: the importance check fails here."""
     rng = np.random.default_rng(7)
     x = ar1_design(300, 200, 0.9, rng)
     beta = np.zeros(200)
     beta[rng.choice(200, 20, replace=False)] = rng.uniform(0.3, 1, 20)
-    y = x @ beta + rng.standard_normal(300)
+    return x, x @ beta + rng.standard_normal(300), beta != 0
+
+
+def test_failed_check_is_refined_by_the_sampler(hard_design):
+    x, y, truth = hard_design
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = l0bayes.select_variables(x, y, time_budget=4.0)
+    assert res.khat > 0.7 and res.method == "mcmc"
+    assert res.mcse.shape == res.ess.shape == res.rhat.shape == (200,)
+    assert res.details["sampler_steps"] > 0 and res.mixed in (True, False)
+    assert res.reliable == res.mixed
+    # sigma was not given: the sampler samples it (the fit's estimate is not trusted where its check failed)
+    assert res.details["noise_prior"] == "jeffreys" and 0.7 < res.noise_scale < 1.4  # the true sigma is 1
+    # never above 0.9 without a mixed chain: the features the sampler has not mixed on are capped
+    unmixed = res.sampler.unmixed()
+    assert not (res.inclusion_probabilities[unmixed] > 0.9).any()
+    np.testing.assert_array_equal(res.capped, np.flatnonzero(unmixed & (res.sampler.inclusion > 0.9)))
+    line = res.diagnostic
+    assert "tempered Gibbs" in line and ("NOT mixed" in line) == (not res.mixed)
+    assert res.inclusion_probabilities[truth].mean() > 0.7 and res.inclusion_probabilities[~truth].mean() < 0.05
+    idata = res.to_inference_data(num_draws=400)
+    gamma = idata.posterior["gamma"]
+    assert gamma.shape == (4, 100, 200) and idata.selection.attrs["method"] == "mcmc"
+    chains = gamma.mean("draw").values  # real chains: each its own estimate, close to the result
+    assert np.abs(chains.mean(0) - res.sampler.inclusion).mean() < 0.03
+    assert "rhat" in idata.selection and "mcse" in idata.selection
+
+
+def test_variational_method_caps_unchecked_probabilities(hard_design):
+    x, y, _ = hard_design
     with pytest.warns(RuntimeWarning, match="k-hat"):
-        res = l0bayes.select_variables(x, y)
-    assert not res.reliable and res.method == "variational"
-    np.testing.assert_array_equal(res.inclusion_probabilities, res.variational_probabilities)
+        res = l0bayes.select_variables(x, y, method="variational")
+    assert not res.reliable and res.method == "variational" and res.mcse is None
+    high = np.flatnonzero(res.variational_probabilities > 0.9)
+    assert high.size and np.array_equal(res.capped, high)
+    assert res.inclusion_probabilities.max() <= 0.9
+    np.testing.assert_array_equal(res.details["uncapped"], res.variational_probabilities)
+    assert "capped at 0.9" in res.diagnostic
+
+
+def test_sampler_that_has_not_mixed_says_so(hard_design):
+    x, y, _ = hard_design
+    with pytest.warns(RuntimeWarning, match="NOT mixed"):
+        res = l0bayes.select_variables(x, y, method="mcmc", time_budget=0.05)
+    assert res.method == "mcmc" and not res.mixed and not res.reliable
+    assert not (res.inclusion_probabilities[res.sampler.unmixed()] > 0.9).any()
+
+
+def test_method_mcmc_matches_enumeration_on_diabetes(diabetes):
+    x, y, sigma, exact = diabetes
+    res = l0bayes.select_variables(x, y, prior_inclusion=0.5, slab_scale=1.0, noise_scale=sigma, method="mcmc")
+    assert res.method == "mcmc" and res.mixed and res.reliable and res.capped.size == 0
+    assert np.abs(res.inclusion_probabilities - exact).max() < 0.05
+    assert np.all(np.abs(res.inclusion_probabilities - exact) <= 5 * res.mcse + 0.01)
 
 
 def test_p_larger_than_n_is_handled():
@@ -247,7 +299,7 @@ def test_bernoulli_family_recovers_strong_effects():
     y = (rng.random(400) < 1 / (1 + np.exp(-logits))).astype(float)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = l0bayes.select_variables(x, y, family="bernoulli", max_steps=600)
+        res = l0bayes.select_variables(x, y, family="bernoulli", max_steps=600, time_budget=3.0)
     assert res.family == "bernoulli" and math.isfinite(res.khat)
     assert sorted(res.selected().tolist()) == [0, 3]
     assert res.coefficients[0] > 0 > res.coefficients[3]
@@ -255,10 +307,25 @@ def test_bernoulli_family_recovers_strong_effects():
     state = torch.get_rng_state()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        again = l0bayes.select_variables(x, y, family="bernoulli", max_steps=200, seed=3)
-        twice = l0bayes.select_variables(x, y, family="bernoulli", max_steps=200, seed=3)
+        again = l0bayes.select_variables(x, y, family="bernoulli", max_steps=200, seed=3, method="variational")
+        twice = l0bayes.select_variables(x, y, family="bernoulli", max_steps=200, seed=3, method="variational")
     np.testing.assert_array_equal(again.variational_probabilities, twice.variational_probabilities)  # seeded
     assert torch.equal(state, torch.get_rng_state())  # and the caller's generator untouched
+
+
+def test_bernoulli_sampler_through_select_variables_matches_quadrature():
+    from exact_spike_slab import logistic_inclusion_quadrature
+
+    rng = np.random.default_rng(8)
+    x = ar1_design(120, 4, 0.8, rng)
+    y = (rng.random(120) < 1 / (1 + np.exp(-(0.2 + 1.0 * x[:, 0] - 0.5 * x[:, 2])))).astype(float)
+    xs = (x - x.mean(0)) / x.std(0, ddof=1)
+    exact = logistic_inclusion_quadrature(xs, y, 0.3, 1.0, 10.0, points=8)
+    res = l0bayes.select_variables(
+        x, y, family="bernoulli", prior_inclusion=0.3, slab_scale=1.0, method="mcmc", max_steps=300, mcmc_steps=1500
+    )
+    assert res.method == "mcmc" and res.family == "bernoulli"
+    assert np.all(np.abs(res.inclusion_probabilities - exact) <= 5 * res.mcse + 0.01)
 
 
 @pytest.mark.parametrize(
@@ -295,6 +362,10 @@ def test_bad_arguments_give_clear_errors():
         l0bayes.select_variables(x, y, feature_names=["a"])
     with pytest.raises(TypeError, match="unknown options"):
         l0bayes.select_variables(x, y, steps=10)
+    with pytest.raises(ValueError, match="method must be one of"):
+        l0bayes.select_variables(x, y, method="exact")
+    with pytest.raises(ValueError, match="time_budget"):
+        l0bayes.select_variables(x, y, time_budget=0)
 
 
 @pytest.mark.gpu

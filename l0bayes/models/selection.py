@@ -21,11 +21,18 @@ guide of the docs has the numbers):
    ones); above, the fit's own probabilities are returned and the result says they are not
    checked.
 
+4. Where the check fails (``method="auto"``, the default), the exact posterior is sampled by
+   weighted tempered Gibbs sampling (Zanella & Roberts, 2019;
+   :mod:`l0bayes.inference.tempered_gibbs`), started from the fit, within ``time_budget``
+   seconds; its Rao-Blackwellised probabilities, with R-hat, ESS and a Monte Carlo standard error
+   each, are returned (``result.method == "mcmc"``). No probability above 0.9 is returned without
+   a passed check or a mixed chain: such a probability is returned as 0.9 (``result.capped``).
+
 Bernoulli family: the mean-field hard concrete model
 (:class:`~l0bayes.models.SparseLogisticRegression`, Gaussian slab) fitted full batch until the
 free energy stabilises; its draws :math:`(z, \tilde\theta)` are reweighted to the exact joint
 density (the mixed log-density of the gates, Eq. 26, and the slab), with the same
-:math:`\hat k` diagnostic.
+:math:`\hat k` diagnostic; where it fails, the sampler runs on the Pólya-Gamma augmented model.
 """
 
 import math
@@ -38,10 +45,14 @@ import torch
 from ..analysis.importance import KHAT_THRESHOLD, importance_check, khat_meaning, psis
 from ..distributions import kl_hard_concrete
 from ..inference.single_effects import credible_sets, fit_single_effects
+from ..inference.tempered_gibbs import ESS_MIN, RELEVANT, RHAT_MAX, tempered_gibbs
 from ..nn.gates import prior_like
 from ..threads import thread_policy
 
 FAMILIES = ("gaussian", "bernoulli")
+METHODS = ("auto", "variational", "mcmc")
+CAP = 0.9  # no probability above this without a passed check or a mixed chain
+TIME_BUDGET = 15.0  # default seconds for the sampler
 UNRELIABLE = (
     "Pareto k-hat = {khat:.2f} > 0.7 ({meaning}): these inclusion probabilities could not be checked "
     "against the exact posterior; do not trust individual probabilities, trust only the credible sets (if any)."
@@ -57,12 +68,19 @@ class SelectionResult:
         original ``X`` and ``y``.
     :ivar credible_sets: list of arrays of feature indices, each a 95% set that holds one effect
         (Gaussian family; minimum absolute correlation within a set at least 0.5).
-    :ivar khat: Pareto :math:`\hat k` of the importance check; ``reliable`` is
-        :math:`\hat k \le 0.7`. Negative values are the best case: the importance weights have
+    :ivar khat: Pareto :math:`\hat k` of the importance check (passed at :math:`\hat k \le 0.7`). Negative values are the best case: the importance weights have
         a bounded tail, lighter than exponential. Below 0.5 their variance is finite; from 0.5
         to 0.7 it is infinite but the smoothed estimate is still reliable; above 0.7 it is not
         (:func:`~l0bayes.analysis.importance.khat_meaning`, and :attr:`diagnostic` in words).
-    :ivar method: how the probabilities were obtained (``"reweighted"`` or ``"variational"``).
+    :ivar method: how the probabilities were obtained: ``"reweighted"`` (the check passed),
+        ``"mcmc"`` (weighted tempered Gibbs sampling on the exact posterior) or ``"variational"``
+        (the fit's own, unchecked).
+    :ivar mcse: ``(p,)`` Monte Carlo standard error of each probability (``"mcmc"``; else ``None``).
+    :ivar ess: ``(p,)`` its effective sample size, :math:`\hat P (1 - \hat P) / \mathrm{MCSE}^2` (``"mcmc"``).
+    :ivar rhat: ``(p,)`` its rank-normalised split R-hat across chains (``"mcmc"``; ``nan`` where every
+        chain puts it below 0.001).
+    :ivar capped: indices of the features whose probability was above 0.9 without a passed check or
+        a mixed chain, and is returned as 0.9 (the estimate is in ``details["uncapped"]``).
     :ivar family: ``"gaussian"`` or ``"bernoulli"``.
     :ivar prior_inclusion: :math:`\pi_0` of the model the probabilities refer to.
     :ivar slab_scale: its :math:`\tau` (standardised units, see :func:`select_variables`).
@@ -86,22 +104,59 @@ class SelectionResult:
     draws: np.ndarray = field(repr=False, default=None)
     log_weights: np.ndarray = field(repr=False, default=None)
     details: dict = field(default_factory=dict)
+    mcse: np.ndarray = None
+    ess: np.ndarray = None
+    rhat: np.ndarray = None
+    capped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    sampler: object = field(repr=False, default=None)
+
+    @property
+    def mixed(self):
+        """``"mcmc"``: every probability of at least 0.01 has R-hat <= 1.01 and ESS >= 100; else ``None``."""
+        return None if self.sampler is None else self.sampler.mixed
 
     @property
     def reliable(self):
-        r"""``True`` when the importance check passed (:math:`\hat k \le 0.7`)."""
-        return bool(self.khat <= KHAT_THRESHOLD)
+        r"""``True`` when the probabilities can be trusted: the importance check passed (:math:`\hat k \le 0.7`)
+        and they are its reweighted estimates, or they come from a mixed sampler."""
+        if self.method == "mcmc":
+            return bool(self.mixed)
+        return self.method == "reweighted" and bool(self.khat <= KHAT_THRESHOLD)
 
     @property
     def diagnostic(self):
-        """One line: when (not) to trust the probabilities, and what the value of k-hat means."""
+        """One line: which method produced the probabilities, when (not) to trust them, what k-hat means."""
         meaning = khat_meaning(self.khat)
-        if self.reliable:
+        if self.method == "reweighted":
             return (
                 f"Pareto k-hat = {self.khat:.2f} <= 0.7 ({meaning}): the probabilities are importance-reweighted "
                 "to the exact posterior of the stated model and can be trusted up to Monte Carlo error."
             )
-        return UNRELIABLE.format(khat=self.khat, meaning=meaning)
+        if self.method == "mcmc":
+            run = self.sampler
+            head = (
+                f"Weighted tempered Gibbs sampling on the exact posterior (k-hat of the fit {self.khat:.2f}), "
+                f"{len(run.chain_inclusion)} chains x {run.num_steps} steps in {run.seconds:.1f} s"
+            )
+            if run.mixed:
+                return head + (
+                    f": mixed (R-hat <= {RHAT_MAX} and ESS >= {ESS_MIN} for every probability >= {RELEVANT}); "
+                    "Monte Carlo standard errors in result.mcse."
+                )
+            bad = run.unmixed()
+            rhat = run.rhat[bad & np.isfinite(run.rhat)]
+            ess = run.ess[bad & np.isfinite(run.ess)]
+            rhat = f"{rhat.max():.4f}" if rhat.size else "nan"
+            ess = f"{ess.min():.0f}" if ess.size else "nan"
+            return head + (
+                f": NOT mixed, {int(bad.sum())} probabilities with R-hat up to {rhat} or ESS down to {ess} "
+                f"(need <= {RHAT_MAX} and >= {ESS_MIN}); {self.capped.size} above {CAP} capped at {CAP}; "
+                "raise time_budget."
+            )
+        line = UNRELIABLE.format(khat=self.khat, meaning=meaning)
+        if self.capped.size:
+            line += f" {self.capped.size} probabilities above {CAP} are capped at {CAP}."
+        return line
 
     def selected(self, threshold=0.5):
         """Indices of the features whose inclusion probability exceeds ``threshold`` (median probability model)."""
@@ -128,30 +183,50 @@ class SelectionResult:
     def to_inference_data(self, num_draws=1000, seed=0):
         r"""An :class:`arviz.InferenceData`: ``posterior["gamma"]`` with dims ``(chain, draw, feature)``.
 
-        The draws are resampled from the importance-weighted proposal draws (with the weights,
-        so their means are :attr:`inclusion_probabilities` up to Monte Carlo error; when the
-        check failed the weights are still used and :attr:`reliable` is ``False``). The
-        ``selection`` group holds ``inclusion``, ``variational`` and ``coefficient`` per
-        feature; its ``attrs`` hold ``khat``, ``reliable``, ``method`` and the prior.
+        ``"mcmc"``: the sampler's chains. Each chain's thinned states carry importance weights
+        :math:`1/Z(\gamma)` (weighted tempered Gibbs samples :math:`p(\gamma \mid y) Z(\gamma)`);
+        they are resampled within the chain by systematic resampling, which keeps their order,
+        so the chain means estimate the posterior and ArviZ's diagnostics compare real chains.
+        Otherwise the draws are resampled from the importance-weighted proposal draws (with the
+        weights, so their means are :attr:`inclusion_probabilities` up to Monte Carlo error;
+        when the check failed the weights are still used and :attr:`reliable` is ``False``).
+        The ``selection`` group holds ``inclusion``, ``variational`` and ``coefficient`` per
+        feature (and ``mcse``, ``ess``, ``rhat`` for ``"mcmc"``); its ``attrs`` hold ``khat``,
+        ``reliable``, ``method`` and the prior.
         """
         from ..analysis.inference_data import import_arviz
 
         az = import_arviz()
         rng = np.random.default_rng(seed)
-        w = np.exp(self.log_weights - np.max(self.log_weights))
-        rows = rng.choice(len(w), size=num_draws, p=w / w.sum())
-        chains = 4 if num_draws % 4 == 0 else 1  # chains of i.i.d. draws, as in to_inference_data for gates
-        gamma = self.draws[rows].astype(np.int8).reshape(chains, num_draws // chains, -1)
+        p = len(self.feature_names)
+        if self.method == "mcmc":
+            chains = len(self.sampler.states)
+            per_chain = max(num_draws // chains, 1)
+            gamma = np.zeros((chains, per_chain, p), dtype=np.int8)
+            for c, (states, logw) in enumerate(zip(self.sampler.states, self.sampler.state_log_weights, strict=True)):
+                w = np.exp(logw - logw.max())
+                cdf = np.cumsum(w / w.sum())
+                rows = np.minimum(np.searchsorted(cdf, (rng.random() + np.arange(per_chain)) / per_chain), len(w) - 1)
+                for d, r in enumerate(rows):
+                    gamma[c, d, states[r]] = 1
+        else:
+            w = np.exp(self.log_weights - np.max(self.log_weights))
+            rows = rng.choice(len(w), size=num_draws, p=w / w.sum())
+            chains = 4 if num_draws % 4 == 0 else 1  # chains of i.i.d. draws, as in to_inference_data for gates
+            gamma = self.draws[rows].astype(np.int8).reshape(chains, num_draws // chains, -1)
         names = np.asarray(self.feature_names)
         idata = az.from_dict(posterior={"gamma": gamma}, coords={"feature": names}, dims={"gamma": ["feature"]})
         import xarray as xr
 
+        per_feature = {
+            "inclusion": ("feature", self.inclusion_probabilities),
+            "variational": ("feature", self.variational_probabilities),
+            "coefficient": ("feature", self.coefficients),
+        }
+        if self.method == "mcmc":
+            per_feature.update(mcse=("feature", self.mcse), ess=("feature", self.ess), rhat=("feature", self.rhat))
         selection = xr.Dataset(
-            {
-                "inclusion": ("feature", self.inclusion_probabilities),
-                "variational": ("feature", self.variational_probabilities),
-                "coefficient": ("feature", self.coefficients),
-            },
+            per_feature,
             coords={"feature": names},
             attrs={
                 "khat": self.khat,
@@ -384,6 +459,7 @@ def _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts):
     }
     return {
         **out,
+        "start": start,
         "variational": variational,
         "sets": sets,
         "khat": check.khat,
@@ -456,8 +532,16 @@ def _logistic_check(model, xs, y, slab_scale, num_draws, generator):
         return khat, (w @ draws.to(xs.dtype)).cpu().numpy(), (w @ (theta * z)).cpu().numpy(), draws, smoothed
 
 
+def _screening_inclusion(xs, y, opts):
+    r"""Empirical-Bayes :math:`\pi_0` for the logistic model: the expected number of effects of a sum of
+    single effects fitted to the centred labels (a linear probability model) over :math:`p`, at most 1/2."""
+    p = xs.shape[1]
+    fit = fit_single_effects(xs, y - y.mean(), num_effects=opts["num_effects"], tol=1e-3, max_iter=opts["max_iter"])
+    return min(max(float(fit.inclusion_probabilities().sum()), 1.0) / p, 0.5)
+
+
 def _select_bernoulli(xs, y, prior_inclusion, slab_scale, opts):
-    prior_inclusion = 0.5 if prior_inclusion is None else prior_inclusion
+    prior_inclusion = _screening_inclusion(xs, y, opts) if prior_inclusion is None else prior_inclusion
     slab_scale = 1.0 if slab_scale is None else slab_scale
     model, history = _logistic_fit(xs, y, prior_inclusion, slab_scale, opts)
     khat, inclusion, coef, draws, logw = _logistic_check(model, xs, y, slab_scale, opts["num_draws"], opts["generator"])
@@ -467,6 +551,7 @@ def _select_bernoulli(xs, y, prior_inclusion, slab_scale, opts):
         out = {"inclusion": variational, "coef": model.coefficients().cpu().numpy(), "method": "variational"}
     return {
         **out,
+        "start": torch.as_tensor(variational, dtype=xs.dtype, device=xs.device),
         "variational": variational,
         "sets": [],
         "khat": khat,
@@ -475,6 +560,62 @@ def _select_bernoulli(xs, y, prior_inclusion, slab_scale, opts):
         "hyper": (prior_inclusion, slab_scale, float("nan")),
         "details": {"steps": len(history), "free_energy": history},
     }
+
+
+# ------------------------------------------------------------------ exact sampler
+def _refine(fit, xs, y, family, opts, time_budget, noise_given):
+    r"""Weighted tempered Gibbs sampling of the exact posterior of the fit's target model, started from the fit.
+
+    Gaussian family without a given ``noise_scale``: :math:`\sigma` is sampled too (Jeffreys prior,
+    started at the fit's estimate), since the fit's estimate is least reliable where its check fails.
+    """
+    prior_inclusion, slab_scale, noise_scale = fit["hyper"]
+    sample_noise = family == "gaussian" and not noise_given
+    run = tempered_gibbs(
+        xs,
+        y,
+        prior_inclusion,
+        slab_scale,
+        noise_scale if family == "gaussian" else None,
+        family=family,
+        start=fit["start"],
+        num_chains=opts["num_chains"],
+        max_steps=opts["mcmc_steps"],
+        time_budget=time_budget,
+        noise_prior="jeffreys" if sample_noise else None,
+        generator=opts["generator"],
+    )
+    details = {**fit["details"], "sampler_steps": run.num_steps, "sampler_seconds": run.seconds, **run.details}
+    hyper = fit["hyper"]
+    if sample_noise:
+        hyper = (prior_inclusion, slab_scale, run.details["noise_scale_mean"])
+        details["noise_prior"] = "jeffreys"
+    return {
+        **fit,
+        "hyper": hyper,
+        "inclusion": run.inclusion,
+        "coef": run.coef_mean,
+        "method": "mcmc",
+        "mcse": run.mcse,
+        "ess": run.ess,
+        "rhat": run.rhat,
+        "sampler": run,
+        "details": details,
+    }
+
+
+def _cap(fit):
+    """Probabilities above :data:`CAP` without a passed check or a mixed chain, returned as :data:`CAP`."""
+    inclusion = np.asarray(fit["inclusion"], dtype=np.float64).copy()
+    if fit["method"] == "reweighted":
+        return inclusion, np.zeros(0, dtype=np.int64)
+    if fit["method"] == "mcmc":
+        doubtful = fit["sampler"].unmixed()
+    else:  # the fit's own probabilities: trusted only when the check passed
+        doubtful = np.full(inclusion.shape, not fit["khat"] <= KHAT_THRESHOLD)
+    capped = np.flatnonzero(doubtful & (inclusion > CAP))
+    inclusion[capped] = CAP
+    return inclusion, capped
 
 
 # ------------------------------------------------------------------ entry point
@@ -490,6 +631,8 @@ def select_variables(
     dtype=torch.float64,
     num_draws=2000,
     seed=0,
+    method="auto",
+    time_budget=None,
     threads="auto",
     **options,
 ):
@@ -498,21 +641,37 @@ def select_variables(
     :param X: ``(n, p)`` numpy array or tensor (no NaN, no constant column; ``p > n`` is fine).
     :param y: ``(n,)``: real for ``family="gaussian"``, 0/1 for ``family="bernoulli"``.
     :param prior_inclusion: :math:`\pi_0`, the prior probability that a feature is included;
-        ``None``: estimated (the fit's expected number of effects over :math:`p`; 0.5 for bernoulli).
+        ``None``: estimated (the fit's expected number of effects over :math:`p`, at most 0.5; for
+        bernoulli that of a sum of single effects fitted to the centred labels).
     :param slab_scale: :math:`\tau`, the prior sd of an included coefficient per standard
         deviation of its feature; ``None``: the root mean square of the selected coefficients
         (1 for bernoulli).
-    :param noise_scale: :math:`\sigma`, fixed when given (Gaussian family); else estimated.
+    :param noise_scale: :math:`\sigma`, fixed when given (Gaussian family); else estimated by the
+        fit, and sampled by the exact sampler when it runs (prior :math:`p(\sigma^2) \propto 1/\sigma^2`;
+        ``result.noise_scale`` is then its posterior mean).
     :param feature_names: names for the result (default the column indices).
     :param device: where to compute (``"cpu"``, ``"cuda"``; default: the device of a tensor ``X``, else CPU).
     :param int num_draws: importance-sampling draws per round.
+    :param str method: ``"auto"`` (default): the fit, checked by importance sampling; where the
+        check fails (Pareto :math:`\hat k > 0.7`) the answer comes from weighted tempered Gibbs
+        sampling of the exact posterior (:func:`~l0bayes.inference.tempered_gibbs.tempered_gibbs`),
+        started from the fit. ``"mcmc"``: always the sampler. ``"variational"``: never the sampler.
+    :param time_budget: seconds for the sampler (default 15); it stops earlier once every
+        probability of at least 0.01 has R-hat <= 1.01 and ESS >= 100.
     :param threads: torch's intra-op thread count during the fit, as in :func:`~l0bayes.inference.train`
         (:func:`~l0bayes.threads.thread_policy`): ``"auto"`` one thread unless the environment or an enclosing
         ``thread_policy`` chose, ``None`` torch's count, or an int; the caller's count is restored after.
     :param options: advanced: ``num_effects`` (10, the starting number of single effects),
         ``tol`` (1e-3 nats for the ELBO; 1e-4 relative for bernoulli), ``max_iter`` (100 sweeps),
-        ``rounds`` (3 adaptive rounds at most), ``lr`` (0.05) and ``max_steps`` (5000) for bernoulli.
-    :returns: :class:`SelectionResult`; ``result.diagnostic`` says in one line whether to trust it.
+        ``rounds`` (3 adaptive rounds at most), ``lr`` (0.05) and ``max_steps`` (5000) for bernoulli;
+        for the sampler ``num_chains`` (4) and ``mcmc_steps`` (100,000 steps per chain at most).
+    :returns: :class:`SelectionResult`; ``result.method`` says which method produced the
+        probabilities and ``result.diagnostic`` in one line whether to trust them.
+
+    No probability above 0.9 is returned without a passed check or a mixed chain: a feature the
+    sampler puts above 0.9 whose own R-hat or ESS fails (R-hat > 1.01 or ESS < 100), or any
+    probability above 0.9 of an unchecked fit (``"variational"`` with :math:`\hat k > 0.7`), is
+    returned as 0.9 and listed in ``result.capped``.
 
     With ``prior_inclusion``, ``slab_scale`` and ``noise_scale`` all given, the Gaussian result
     estimates :func:`~l0bayes.analysis.exact_inclusion_probabilities` of the standardised data
@@ -520,28 +679,25 @@ def select_variables(
     """
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if time_budget is not None and not time_budget > 0:
+        raise ValueError(f"time_budget must be positive seconds (or None), got {time_budget}")
     _check_hyper(prior_inclusion, slab_scale, noise_scale)
     with thread_policy(threads):
-        return _select(
-            X,
-            y,
-            family,
-            prior_inclusion,
-            slab_scale,
-            noise_scale,
-            feature_names,
-            device,
-            dtype,
-            num_draws,
-            seed,
-            options,
-        )
+        run = dict(device=device, dtype=dtype, num_draws=num_draws, seed=seed, method=method, time_budget=time_budget)
+        return _select(X, y, family, (prior_inclusion, slab_scale, noise_scale), feature_names, run, options)
 
 
-def _select(
-    X, y, family, prior_inclusion, slab_scale, noise_scale, feature_names, device, dtype, num_draws, seed, options
-):
-    """:func:`select_variables` after its first checks, under its thread policy."""
+def _select(X, y, family, hyper, feature_names, run, options):
+    """:func:`select_variables` after its first checks, under its thread policy.
+
+    ``hyper``: ``(prior_inclusion, slab_scale, noise_scale)``; ``run``: device, dtype, num_draws, seed,
+    method and time_budget, as given to :func:`select_variables`.
+    """
+    prior_inclusion, slab_scale, noise_scale = hyper
+    device, dtype, num_draws, seed = run["device"], run["dtype"], run["num_draws"], run["seed"]
+    method, time_budget = run["method"], run["time_budget"]
     if device is None:
         device = X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
     device = torch.device(device)
@@ -551,7 +707,7 @@ def _select(
     names = list(feature_names) if feature_names is not None else list(range(x.shape[1]))
     if len(names) != x.shape[1]:
         raise ValueError(f"{len(names)} feature names for {x.shape[1]} columns")
-    unknown = set(options) - {"num_effects", "tol", "max_iter", "rounds", "lr", "max_steps"}
+    unknown = set(options) - {"num_effects", "tol", "max_iter", "rounds", "lr", "max_steps", "num_chains", "mcmc_steps"}
     if unknown:
         raise TypeError(f"unknown options {sorted(unknown)}")
     generator = torch.Generator(device=device).manual_seed(int(seed))
@@ -564,6 +720,8 @@ def _select(
         "max_steps": 5000,
         "num_draws": int(num_draws),
         "generator": generator,
+        "num_chains": 4,
+        "mcmc_steps": 100_000,
         **options,
     }
     # the Bernoulli fit draws its gates from the global generator: seed it, leaving the caller's state alone
@@ -573,8 +731,14 @@ def _select(
             fit = _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts)
         else:
             fit = _select_bernoulli(xs, yc, prior_inclusion, slab_scale, opts)
+        if method == "mcmc" or (method == "auto" and not fit["khat"] <= KHAT_THRESHOLD):
+            budget = TIME_BUDGET if time_budget is None else float(time_budget)
+            fit = _refine(fit, xs, yc, family, opts, budget, noise_given=noise_scale is not None)
+    inclusion, capped = _cap(fit)
+    if capped.size:
+        fit["details"]["uncapped"] = np.asarray(fit["inclusion"], dtype=np.float64)
     result = SelectionResult(
-        inclusion_probabilities=np.asarray(fit["inclusion"], dtype=np.float64),
+        inclusion_probabilities=inclusion,
         coefficients=np.asarray(fit["coef"], dtype=np.float64) / x_scale.cpu().numpy(),
         credible_sets=fit["sets"],
         khat=float(fit["khat"]),
@@ -588,6 +752,11 @@ def _select(
         draws=np.asarray(fit["draws"]),
         log_weights=np.asarray(fit["log_weights"]),
         details=fit["details"],
+        mcse=fit.get("mcse"),
+        ess=fit.get("ess"),
+        rhat=fit.get("rhat"),
+        capped=capped,
+        sampler=fit.get("sampler"),
     )
     if not result.reliable:
         warnings.warn(result.diagnostic, RuntimeWarning, stacklevel=3)

@@ -1,0 +1,656 @@
+r"""Exact inclusion probabilities by weighted tempered Gibbs sampling of the collapsed spike-and-slab posterior.
+
+The sampler of Zanella & Roberts (2019, "Scalable importance tempering and Bayesian variable
+selection", JRSS-B 81), *weighted tempered Gibbs sampling* (wTGS, their Section 4), on the
+inclusion indicators :math:`\gamma \in \{0, 1\}^p` with the coefficients integrated out.
+
+**Gaussian family.** The model of :mod:`l0bayes.analysis.exact` (centred data, known
+:math:`\sigma`): :math:`\gamma_j \sim \mathrm{Bernoulli}(\pi_0)`, :math:`b_j \mid \gamma_j = 1
+\sim N(0, \tau^2)`, :math:`y \sim N(X_\gamma b_\gamma, \sigma^2 I)`.
+
+**Bernoulli family.** :math:`y_i \sim \mathrm{Bernoulli}(\mathrm{sigmoid}(\psi_i))`,
+:math:`\psi = b_0 + X_\gamma b_\gamma`, :math:`b_0 \sim N(0, \tau_0^2)` always included. With
+Pólya-Gamma variables :math:`\omega_i` (Polson, Scott & Windle, 2013;
+:mod:`l0bayes.distributions.polya_gamma`) the likelihood is Gaussian in :math:`\psi`,
+:math:`p(y \mid \psi, \omega) \propto \exp(\kappa^\top \psi - \tfrac12 \psi^\top \Omega \psi)`
+with :math:`\kappa = y - \tfrac12`, so :math:`b` integrates out given :math:`\omega` as in the
+Gaussian case. :math:`\omega` is one more coordinate of the tempered Gibbs sampler, updated
+from its exact conditional (draw :math:`b \mid \gamma, \omega, y`, then
+:math:`\omega_i \sim \mathrm{PG}(1, \psi_i)`; this kernel is reversible for
+:math:`p(\omega \mid \gamma, y)`). For the Gaussian family with ``noise_prior="jeffreys"``,
+:math:`\sigma^2` is such a coordinate too (draw :math:`b`, then :math:`\sigma^2` from its
+inverse-gamma conditional).
+
+**Both.** With precision weights :math:`W` (:math:`I/\sigma^2`, or :math:`\Omega`), working
+response :math:`u = X^\top W y` (or :math:`X^\top \kappa`) and, for the current model,
+:math:`A = X_\gamma^\top W X_\gamma + D^{-1}` (:math:`D` the prior variances),
+:math:`\hat b = A^{-1} u_\gamma`, the conditional Bayes factor of feature :math:`j` against the
+rest of :math:`\gamma` is, for :math:`j \notin \gamma`,
+
+.. math::
+    \log \mathrm{BF}_j = -\tfrac12 \log \tau^2 - \tfrac12 \log s_j + \frac{r_j^2}{2 s_j},\qquad
+    s_j = x_j^\top W x_j + \tau^{-2} - g_j^\top A^{-1} g_j,\quad r_j = u_j - g_j^\top \hat b,
+
+(:math:`g_j = X_\gamma^\top W x_j`, a Schur complement) and for :math:`j \in \gamma` the same
+with :math:`s_j = 1 / (A^{-1})_{jj}` and :math:`r_j = s_j \hat b_j`. Then
+:math:`\pi_j(\gamma) = P(\gamma_j = 1 \mid \gamma_{-j}, y) = \mathrm{sigmoid}(\log\mathrm{BF}_j
++ \mathrm{logit}\,\pi_0)`, for every :math:`j` at once in :math:`O(pk)` from
+:math:`q_j = g_j^\top A^{-1} g_j`, which the sampler keeps current with rank-one updates of
+:math:`A^{-1}` and :math:`q` when a feature enters or leaves (no refactorisation; a full
+recomputation every ``refresh`` steps bounds the rounding drift).
+
+One wTGS step at state :math:`\gamma` picks coordinate :math:`j` with probability proportional to
+
+.. math::
+    p_j(\gamma) = \frac{\pi_j(\gamma) + \kappa_e / p}{P(\gamma_j \mid \gamma_{-j}, y)}
+
+(:math:`\kappa_e` = ``explore``) and flips it. The chain is reversible with respect to
+:math:`p(\gamma \mid y)\, Z(\gamma)`, :math:`Z = \sum_j p_j`, so each state carries the
+importance weight :math:`1/Z(\gamma)`, and the Rao-Blackwellised estimate is
+
+.. math::
+    \hat P(\gamma_j = 1 \mid y) = \frac{\sum_t \pi_j(\gamma^{(t)}) / Z(\gamma^{(t)})}{\sum_t 1 / Z(\gamma^{(t)})}.
+
+The coordinates that matter are updated most often (:math:`p_j` is large where :math:`\pi_j` is),
+and a flip between two correlated features, which a plain Gibbs sampler makes with tiny
+probability, is taken at once: the tempering puts the weight on it, the importance weight
+corrects for that. Several chains run in lock step (batched tensor operations, any device).
+
+Monte Carlo error. Each chain's steps are summed in blocks; for feature :math:`j` the block
+contributions :math:`v_{cb} = \sum_{t \in b} w_t (\pi_j(\gamma^{(t)}) - \hat P_j) / \bar w`
+have mean zero, and the Monte Carlo standard error of :math:`\hat P_j` is ArviZ's standard error
+of their mean (effective sample size from the autocorrelations of all chains). R-hat is ArviZ's
+rank-normalised split :math:`\hat R` of the block sums :math:`\sum_{t \in b} w_t \pi_j / \bar w`
+(equal across chains when they agree). The effective sample size reported per probability is
+:math:`\hat P_j (1 - \hat P_j) / \mathrm{MCSE}_j^2`: the number of independent exact draws of
+:math:`\gamma_j` that would estimate it as precisely.
+"""
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..distributions.polya_gamma import polya_gamma_mean, sample_polya_gamma
+
+RHAT_MAX = 1.01  # Vehtari, Gelman, Simpson, Carpenter & Bürkner (2021): R-hat below 1.01
+ESS_MIN = 100  # and at least 100 effective draws for every probability that matters
+RELEVANT = 0.01  # the probabilities that matter for the mixing verdict
+MAX_BLOCKS = 256  # blocks kept per chain (pairs merge when full)
+MAX_STATES = 1000  # thinned states kept per chain (at least this many, fewer than twice)
+
+
+@dataclass
+class TemperedGibbsResult:
+    r"""What :func:`tempered_gibbs` returns (numpy arrays over the ``p`` features).
+
+    :ivar inclusion: Rao-Blackwellised :math:`\hat P(\gamma_j = 1 \mid y)`.
+    :ivar mcse: Monte Carlo standard error of each.
+    :ivar ess: effective sample size of each (:math:`\hat P (1 - \hat P) / \mathrm{MCSE}^2`).
+    :ivar rhat: rank-normalised split R-hat across chains (``nan`` where every chain's estimate is
+        below :data:`RELEVANT` / 10: not computed, nothing to compare).
+    :ivar coef_mean: Rao-Blackwellised posterior mean of each coefficient.
+    :ivar chain_inclusion: ``(chains, p)`` each chain's own estimate.
+    :ivar states: ``(chains, draws)`` list of lists: thinned states as index arrays of the included features.
+    :ivar state_log_weights: ``(chains, draws)`` their log importance weights :math:`-\log Z`.
+    :ivar num_steps: steps per chain after warm-up.
+    :ivar num_warmup: warm-up steps per chain.
+    :ivar seconds: wall time.
+    :ivar details: ``omega_fraction`` (share of steps that updated :math:`\omega` or :math:`\sigma`),
+        ``stopped`` (``"mixed"``, ``"time"`` or ``"steps"``), ``noise_scale_mean`` (posterior mean
+        of :math:`\sigma` when it is sampled).
+    """
+
+    inclusion: np.ndarray
+    mcse: np.ndarray
+    ess: np.ndarray
+    rhat: np.ndarray
+    coef_mean: np.ndarray
+    chain_inclusion: np.ndarray
+    states: list = field(repr=False)
+    state_log_weights: np.ndarray = field(repr=False)
+    num_steps: int = 0
+    num_warmup: int = 0
+    seconds: float = 0.0
+    details: dict = field(default_factory=dict)
+
+    def unmixed(self, rhat_max=RHAT_MAX, ess_min=ESS_MIN, relevant=RELEVANT):
+        """Boolean ``(p,)``: probabilities at least ``relevant`` whose R-hat or ESS fails its threshold."""
+        matters = self.inclusion >= relevant
+        bad_rhat = ~(self.rhat <= rhat_max)  # nan counts as bad where it matters
+        return matters & (bad_rhat | ~(self.ess >= ess_min))
+
+    @property
+    def mixed(self):
+        """``True`` when every probability of at least :data:`RELEVANT` has R-hat <= 1.01 and ESS >= 100."""
+        return not bool(self.unmixed().any())
+
+
+class _Blocks:
+    """Block sums of one quantity per chain; when ``MAX_BLOCKS`` are full, neighbours merge (bounded memory)."""
+
+    def __init__(self):
+        self.sums = []  # list of (C, ...) tensors
+        self.size = 1  # steps per stored block
+        self.open = None
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, value):
+        self.total = self.total + value.sum()
+        self.open = value.clone() if self.open is None else self.open + value
+        self.count += 1
+        if self.count == self.size:
+            self.sums.append(self.open)
+            self.open, self.count = None, 0
+            if len(self.sums) == MAX_BLOCKS:
+                self.sums = [a + b for a, b in zip(self.sums[::2], self.sums[1::2], strict=True)]
+                self.size *= 2
+
+    def stacked(self):
+        """``(C, B, ...)`` the completed blocks."""
+        return torch.stack(self.sums, dim=1)
+
+
+class _State:
+    r"""Batched state of ``C`` chains: slots of included features, :math:`A^{-1}`, Gram columns and :math:`q`.
+
+    ``xa`` is ``X`` with the always-included columns appended and a zero column last (the index
+    of an empty slot). ``weights`` is ``None`` for the Gaussian family (:math:`W = I/\sigma^2`,
+    the same for every chain, Gram columns cached once) or ``(C, n)`` Pólya-Gamma variables.
+    """
+
+    def __init__(self, x, u, slab_precision, fixed_precision, num_fixed, noise_precision, omega, capacity):
+        # u: (p + F + 1,) X_a^T y (Gaussian, scaled by each chain's 1 / sigma^2) or X_a^T kappa (Bernoulli)
+        self.n, self.p = x.shape
+        self.dtype, self.device = x.dtype, x.device
+        self.num_fixed = num_fixed
+        ones = x.new_ones(self.n, num_fixed)
+        self.xa = torch.cat([x, ones, x.new_zeros(self.n, 1)], dim=1)
+        self.pad = self.p + num_fixed
+        self.x2 = x * x
+        self.u0 = u  # zero at the pad; self.u: (C, p + F + 1) each chain's working response
+        self.lam = slab_precision
+        self.fixed_lam = fixed_precision
+        self.noise_precision = noise_precision  # Gaussian: (C,) 1 / sigma^2 of each chain; None for PG weights
+        self.omega = omega  # (C, n) or None
+        self.cache_index = torch.full((self.pad + 1,), -1, dtype=torch.long, device=self.device)
+        self.cache = x.new_zeros(self.p, 0)
+        self.cached = 0
+        self.capacity = capacity
+
+    # -- Gram columns X^T W x_j (rows: the p features)
+    def gram_columns(self, chains, cols):
+        """``(len(chains), p)``: :math:`X^\top W_c x_{j}` for each pair (chain, column)."""
+        if self.omega is None:
+            where = self.cache_index[cols]
+            if bool((where < 0).any()):
+                missing = torch.unique(cols[where < 0])
+                start, end = self.cached, self.cached + missing.numel()
+                if end > self.cache.shape[1]:  # grow the cache by doubling
+                    grown = self.cache.new_zeros(self.p, max(2 * self.cache.shape[1], end, 64))
+                    grown[:, :start] = self.cache[:, :start]
+                    self.cache = grown
+                self.cache[:, start:end] = self.xa[:, : self.p].T @ self.xa[:, missing]
+                self.cache_index[missing] = torch.arange(start, end, device=self.device)
+                self.cached = end
+                where = self.cache_index[cols]
+            return self.cache[:, where].T * self.noise_precision[chains, None]
+        weighted = self.omega[chains] * self.xa[:, cols].T  # (m, n)
+        return weighted @ self.xa[:, : self.p]
+
+    def diag(self):
+        """``(C, p)`` or ``(1, p)``: :math:`x_j^\top W x_j`."""
+        if self.omega is None:
+            return self.x2.sum(0)[None] * self.noise_precision[:, None]
+        return self.omega @ self.x2
+
+    def slot_precision(self):
+        lam = torch.full_like(self.idx, 1.0, dtype=self.dtype)
+        lam[:, self.num_fixed :] = self.lam
+        lam[:, : self.num_fixed] = self.fixed_lam
+        return lam
+
+    def start(self, gammas):
+        """Set every chain to the models of ``gammas`` (``(C, p)`` bool)."""
+        self.C = gammas.shape[0]
+        sizes = gammas.sum(1)
+        self.capacity = max(self.capacity, int(sizes.max()) + self.num_fixed + 4)
+        self.idx = torch.full((self.C, self.capacity), self.pad, dtype=torch.long, device=self.device)
+        for f in range(self.num_fixed):
+            self.idx[:, f] = self.p + f
+        for c in range(self.C):
+            on = torch.nonzero(gammas[c]).flatten()
+            self.idx[c, self.num_fixed : self.num_fixed + on.numel()] = on
+        self.gamma = gammas.clone()
+        self.arange = torch.arange(self.C, device=self.device)
+        if self.omega is None:
+            self.noise_precision = self.noise_precision.expand(self.C).clone()
+            self.u = self.u0[None] * self.noise_precision[:, None]
+        else:
+            self.u = self.u0.expand(self.C, -1).clone()
+        self.allocate()
+        self.d = self.diag()
+        self.refresh(torch.arange(self.C, device=self.device))
+
+    def refresh(self, chains):
+        """Recompute G, :math:`A^{-1}` and :math:`q` of ``chains`` from scratch."""
+        K = self.capacity
+        for c in chains.tolist():
+            idx = self.idx[c]
+            used = idx != self.pad
+            cols = idx[used]
+            xs = self.xa[:, cols]
+            w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
+            a_used = xs.T @ (w * xs)
+            prec = self.slot_precision()[c, used]
+            a_used = a_used + torch.diag(prec)
+            chol = torch.linalg.cholesky(a_used)
+            inv = torch.cholesky_inverse(chol)
+            ainv = self.xa.new_zeros(K, K)
+            pos = torch.nonzero(used).flatten()
+            ainv[pos[:, None], pos[None, :]] = inv
+            self.ainv[c] = ainv
+            g = self.xa.new_zeros(self.p, K)
+            g[:, pos] = self.xa[:, : self.p].T @ (w * xs)
+            self.G[c] = g
+            self.q[c] = ((g @ ainv) * g).sum(1)
+            self.d[c] = self.x2.sum(0) * w if self.omega is None else self.omega[c] @ self.x2
+
+    def allocate(self):
+        C, K = self.C, self.capacity
+        self.ainv = self.xa.new_zeros(C, K, K)
+        self.G = self.xa.new_zeros(C, self.p, K)
+        self.q = self.xa.new_zeros(C, self.p)
+
+    def grow(self):
+        """Double the slot capacity (a chain's model outgrew it)."""
+        K, extra = self.capacity, self.capacity
+        self.capacity = 2 * K
+        self.idx = torch.cat([self.idx, self.idx.new_full((self.C, extra), self.pad)], dim=1)
+        self.ainv = torch.nn.functional.pad(self.ainv, (0, extra, 0, extra))
+        self.G = torch.nn.functional.pad(self.G, (0, extra))
+
+    def conditionals(self, log_prior_odds, log_slab_var):
+        r"""``logit`` :math:`\pi_j(\gamma)` and :math:`E[b_j \mid \gamma_j = 1, \gamma_{-j}, y]`, ``(C, p)`` each."""
+        u_slot = self.u.gather(1, self.idx)  # (C, K)
+        beta = torch.bmm(self.ainv, u_slot[..., None]).squeeze(-1)  # (C, K)
+        r = self.u[:, : self.p] - torch.bmm(self.G, beta[..., None]).squeeze(-1)  # (C, p)
+        s = torch.clamp(self.d + self.lam - self.q, min=self.lam)  # s_j >= 1/tau^2 exactly; guards rounding
+        # features in the model: s = 1 / Ainv_kk and r / s = b_hat_k, written over the slots
+        # (empty slots write to a spare column p, dropped)
+        slots = self.idx[:, self.num_fixed :].clamp(max=self.p)
+        a_kk = torch.diagonal(self.ainv, dim1=-2, dim2=-1)[:, self.num_fixed :]
+        b_k = beta[:, self.num_fixed :]
+        spare = s.new_ones(self.C, 1)
+        mean = torch.cat([r / s, spare], 1).scatter_(1, slots, b_k)
+        inv_s = torch.cat([1.0 / s, spare], 1).scatter_(1, slots, a_kk)
+        mean, inv_s = mean[:, : self.p], inv_s[:, : self.p]
+        logit = 0.5 * (torch.log(inv_s) + mean * mean / inv_s - log_slab_var) + log_prior_odds
+        return logit, mean
+
+    def flip(self, feats, act):
+        """Flip feature ``feats[c]`` in each chain ``c`` with ``act[c]``: rank-one updates of :math:`A^{-1}`, G, q."""
+        ar = self.arange
+        was_on = self.gamma.gather(1, feats[:, None]).squeeze(1)
+        adding, removing = act & ~was_on, act & was_on
+        free = self.idx == self.pad
+        if bool((adding & ~free.any(1)).any()):
+            self.grow()
+            free = self.idx == self.pad
+        K = self.capacity
+        free_slot = torch.argmax(free.to(torch.int8), dim=1)
+        on_slot = torch.argmax((self.idx == feats[:, None]).to(torch.int8), dim=1)
+        slot = torch.where(adding, free_slot, on_slot)
+        # adding j: b = Gram(j, slots) = row j of G; u = Ainv b; s = d_j + lam - b.u; v = u - e_slot, coef 1/s
+        bvec = self.G.gather(1, feats[:, None, None].expand(-1, 1, K)).squeeze(1)  # (C, K)
+        uvec = torch.bmm(self.ainv, bvec[..., None]).squeeze(-1)
+        d = self.d.expand(self.C, -1).gather(1, feats[:, None]).squeeze(1)
+        s_add = d + self.lam - (bvec * uvec).sum(1)
+        e = torch.nn.functional.one_hot(slot, K).to(self.dtype)
+        # removing: v = Ainv[:, slot], coef -1 / Ainv[slot, slot]
+        v_rem = torch.gather(self.ainv, 2, slot[:, None, None].expand(-1, K, 1)).squeeze(-1)
+        a_ss = v_rem.gather(1, slot[:, None]).squeeze(1)
+        v = torch.where(adding[:, None], uvec - e, v_rem)
+        zero = torch.zeros_like(s_add)
+        coef = torch.where(adding, 1.0 / s_add, torch.where(removing, -1.0 / a_ss, zero))
+        if bool(adding.any()):
+            chains, cols = ar[adding], feats[adding]
+            self.G[chains, :, slot[adding]] = self.gram_columns(chains, cols)
+        t = torch.bmm(self.G, v[..., None]).squeeze(-1)  # (C, p)
+        self.q.addcmul_(coef[:, None] * t, t)
+        self.ainv.baddbmm_(coef[:, None, None] * v[:, :, None], v[:, None, :])
+        if bool(removing.any()):
+            keep = 1.0 - e * removing[:, None].to(self.dtype)
+            self.ainv.mul_(keep[:, :, None] * keep[:, None, :])
+            chains, gone = ar[removing], slot[removing]
+            self.G[chains, :, gone] = 0.0
+        old_idx = self.idx.gather(1, slot[:, None]).squeeze(1)
+        new_idx = torch.where(adding, feats, torch.where(removing, torch.full_like(feats, self.pad), old_idx))
+        self.idx.scatter_(1, slot[:, None], new_idx[:, None])
+        self.gamma.scatter_(1, feats[:, None], (act ^ was_on)[:, None])
+
+    def draw_coefficients(self, c, generator):
+        r"""Draw :math:`b_{\gamma} \mid \gamma, \omega, y` for chain ``c``; return :math:`\psi = X_\gamma b_\gamma`."""
+        used = self.idx[c] != self.pad
+        cols = self.idx[c][used]
+        xs = self.xa[:, cols]
+        prec = self.slot_precision()[c, used]
+        w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
+        a = xs.T @ (w * xs) + torch.diag(prec)
+        chol = torch.linalg.cholesky(a)
+        mean = torch.cholesky_solve(self.u[c, cols][:, None], chol).squeeze(-1)
+        eps = torch.randn(mean.shape, dtype=self.dtype, device=self.device, generator=generator)
+        b = mean + torch.linalg.solve_triangular(chol.T, eps[:, None], upper=True).squeeze(-1)
+        return xs @ b
+
+    def set_noise_precision(self, c, precision):
+        r"""Gaussian: chain ``c`` continues at noise precision :math:`1/\sigma^2` = ``precision``."""
+        self.noise_precision[c] = precision
+        self.u[c] = self.u0 * precision
+        self.refresh(torch.tensor([c], device=self.device))
+
+
+def _polya_gamma_sampler(backend, device):
+    r"""The function drawing :math:`\mathrm{PG}(1, \psi)`: the ``polyagamma`` package (compiled, CPU) or torch's."""
+    if backend not in ("auto", "torch", "polyagamma"):
+        raise ValueError(f"polya_gamma must be 'auto', 'torch' or 'polyagamma', got {backend!r}")
+    if backend == "torch" or (backend == "auto" and torch.device(device).type != "cpu"):
+        return sample_polya_gamma
+    try:
+        from polyagamma import random_polyagamma
+    except ImportError:
+        if backend == "polyagamma":
+            raise ImportError("polya_gamma='polyagamma' needs the polyagamma package: pip install polyagamma") from None
+        return sample_polya_gamma
+
+    def draw(psi, generator=None):
+        seed = int(torch.randint(2**62, (1,), generator=generator, device=psi.device))
+        out = random_polyagamma(1, psi.detach().cpu().numpy(), random_state=np.random.default_rng(seed))
+        return torch.as_tensor(out, dtype=psi.dtype, device=psi.device)
+
+    return draw
+
+
+def _rhat_ess(blocks_h, blocks_w, pip, select):
+    """ArviZ's R-hat and the MCSE of the ratio estimate for the features in ``select`` (block sums in)."""
+    from ..analysis.inference_data import import_arviz
+
+    az = import_arviz()
+    wbar = blocks_w.mean()
+    h = blocks_h[:, :, select] / wbar  # (C, B, k)
+    v = (blocks_h[:, :, select] - pip[select][None, None] * blocks_w[:, :, None]) / wbar
+    ds_h = az.convert_to_dataset({"h": h})
+    ds_v = az.convert_to_dataset({"v": v})
+    rhat = np.asarray(az.rhat(ds_h)["h"].values, dtype=np.float64)
+    ess = np.asarray(az.ess(ds_v, method="mean")["v"].values, dtype=np.float64)
+    # standard error of the mean of v per block, over the total number of blocks
+    num = h.shape[0] * h.shape[1]
+    sd = v.reshape(num, -1).std(0, ddof=1)
+    mcse = sd / np.sqrt(np.maximum(ess, 1.0))
+    return rhat, mcse
+
+
+def _diagnostics(acc, pip, seen_at):
+    """R-hat, MCSE and ESS per feature from the block sums of the chains.
+
+    ArviZ computes R-hat and the MCSE of the features that some chain puts at ``seen_at`` or
+    above; for the others (every chain says almost 0) the MCSE is the standard error of the
+    chains' own estimates and R-hat is ``nan``.
+    """
+    bh = acc["pip"].stacked().cpu().numpy()  # (C, B, p)
+    bw = acc["w"].stacked().cpu().numpy()  # (C, B)
+    p = pip.shape[0]
+    rhat = np.full(p, np.nan)
+    mcse = np.zeros(p)
+    chain_pip = bh.sum(1) / bw.sum(1)[:, None]
+    seen = chain_pip.max(0) >= seen_at
+    if bh.shape[1] >= 4:
+        sel = np.flatnonzero(seen)
+        if sel.size:
+            r, m = _rhat_ess(bh, bw, pip, sel)
+            rhat[sel], mcse[sel] = r, m
+        rest = np.flatnonzero(~seen)
+        if rest.size:
+            # tiny probabilities: the standard error of the chain means (between-chain spread)
+            spread = chain_pip[:, rest].std(0, ddof=1) if bh.shape[0] > 1 else chain_pip[0, rest]
+            mcse[rest] = spread / math.sqrt(bh.shape[0])
+    else:
+        mcse[:] = np.nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ess = np.where(mcse == 0, np.inf, pip * (1 - pip) / mcse**2)
+    return rhat, mcse, ess, chain_pip
+
+
+def tempered_gibbs(
+    x,
+    y,
+    prior_inclusion,
+    slab_scale,
+    noise_scale=None,
+    family="gaussian",
+    start=None,
+    num_chains=4,
+    warmup=500,
+    max_steps=100_000,
+    min_steps=1000,
+    time_budget=None,
+    check_every=1000,
+    explore=5.0,
+    kernel="wtgs",
+    omega_fraction=0.2,
+    noise_prior=None,
+    intercept_scale=10.0,
+    refresh=200,
+    thin=None,
+    polya_gamma="auto",
+    generator=None,
+):
+    r"""Sample the collapsed spike-and-slab posterior with weighted tempered Gibbs (see the module docstring).
+
+    :param x: ``(n, p)`` tensor (centred for the Gaussian family; the Bernoulli model has an intercept).
+    :param y: ``(n,)`` tensor: centred response, or 0/1 labels for ``family="bernoulli"``.
+    :param float prior_inclusion: :math:`\pi_0`.
+    :param float slab_scale: :math:`\tau`.
+    :param noise_scale: :math:`\sigma` (Gaussian family).
+    :param start: ``(C, p)`` boolean starting models, or ``(p,)`` probabilities to draw them from
+        (chain 0 starts at the median model), default the empty model.
+    :param int num_chains: chains run in lock step.
+    :param int warmup: steps per chain discarded first.
+    :param int max_steps: at most this many steps per chain after warm-up.
+    :param int min_steps: at least this many steps per chain after warm-up before stopping early.
+    :param time_budget: seconds; sampling stops when they have passed (``None``: no limit).
+    :param int check_every: steps between convergence checks; sampling stops early when every
+        probability of at least 0.01 has R-hat <= 1.01 and ESS >= 100.
+    :param float explore: :math:`\kappa_e` of the selection weights (about that many
+        uniformly chosen coordinates per ``p`` steps).
+    :param str kernel: ``"wtgs"`` or ``"gibbs"`` (random-scan Gibbs on the same conditionals,
+        unweighted; for comparison).
+    :param float omega_fraction: target share of steps that update :math:`\omega` (or :math:`\sigma`)
+        (its selection weight :math:`\xi` is adapted during warm-up, then fixed).
+    :param noise_prior: Gaussian: ``None`` keeps :math:`\sigma` = ``noise_scale`` fixed;
+        ``"jeffreys"`` samples it too, under :math:`p(\sigma^2) \propto 1/\sigma^2`, from
+        ``noise_scale``: one more coordinate like :math:`\omega` (draw :math:`b \mid \gamma,
+        \sigma, y`, then :math:`\sigma^2 \sim \mathrm{InvGamma}(n/2, \lVert y - X_\gamma b
+        \rVert^2 / 2)`); ``details["noise_scale_mean"]`` is its posterior mean.
+    :param float intercept_scale: Bernoulli: prior sd :math:`\tau_0` of the intercept.
+    :param int refresh: steps between full recomputations of :math:`A^{-1}` and :math:`q`.
+    :param str polya_gamma: Bernoulli: how to draw :math:`\omega`: ``"torch"``
+        (:func:`~l0bayes.distributions.polya_gamma.sample_polya_gamma`, any device),
+        ``"polyagamma"`` (the compiled ``polyagamma`` package, CPU; ``pip install l0bayes[fast]``)
+        or ``"auto"`` (the package on the CPU where it is installed, else torch). Both are exact.
+    :param thin: keep every ``thin``-th state for :attr:`TemperedGibbsResult.states` at first; the
+        interval doubles whenever 2000 are kept, so 1000 to 2000 remain per chain.
+    :returns: :class:`TemperedGibbsResult`.
+    """
+    if family not in ("gaussian", "bernoulli"):
+        raise ValueError(f"family must be 'gaussian' or 'bernoulli', got {family!r}")
+    if kernel not in ("wtgs", "gibbs"):
+        raise ValueError(f"kernel must be 'wtgs' or 'gibbs', got {kernel!r}")
+    if not 0.0 < prior_inclusion < 1.0:
+        raise ValueError(f"prior_inclusion must lie in (0, 1), got {prior_inclusion}")
+    if not slab_scale > 0:
+        raise ValueError(f"slab_scale must be positive, got {slab_scale}")
+    if family == "gaussian" and not (noise_scale is not None and noise_scale > 0):
+        raise ValueError(f"the Gaussian family needs a positive noise_scale, got {noise_scale}")
+    if num_chains < 1 or warmup < 0 or min_steps < 0 or max_steps < 1 or check_every < 1:
+        raise ValueError(
+            "need num_chains >= 1, warmup >= 0, min_steps >= 0, max_steps >= 1 and check_every >= 1; got "
+            f"{num_chains}, {warmup}, {min_steps}, {max_steps}, {check_every}"
+        )
+    began = time.perf_counter()
+    n, p = x.shape
+    dtype, device = x.dtype, x.device
+    C = int(num_chains)
+    gen = generator
+    bern = family == "bernoulli"
+    if bern:
+        draw_pg = _polya_gamma_sampler(polya_gamma, device)
+        kappa = y - 0.5
+        u = torch.cat([x.T @ kappa, kappa.sum()[None], kappa.new_zeros(1)])
+        omega = polya_gamma_mean(torch.zeros(C, n, dtype=dtype, device=device))
+        state = _State(x, u, 1.0 / slab_scale**2, 1.0 / intercept_scale**2, 1, None, omega, 16)
+    else:
+        prec = torch.full((C,), 1.0 / noise_scale**2, dtype=dtype, device=device)
+        u = torch.cat([x.T @ y, y.new_zeros(1)])
+        state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, prec, None, 16)
+    if noise_prior not in (None, "jeffreys") or (noise_prior and bern):
+        raise ValueError(f"noise_prior must be None or 'jeffreys' (Gaussian family), got {noise_prior!r}")
+    aux = bern or noise_prior == "jeffreys"  # one more coordinate: omega, or sigma^2
+    state.start(_starting_models(start, C, p, device, gen))
+    if bern:  # start omega at a draw given the starting model's coefficients
+        for c in range(C):
+            state.omega[c] = draw_pg(state.draw_coefficients(c, gen), gen)
+        state.refresh(torch.arange(C, device=device))
+    log_odds = math.log(prior_inclusion) - math.log1p(-prior_inclusion)
+    log_slab_var = 2.0 * math.log(slab_scale)
+    log_explore = math.log(explore / p)
+    if aux and not 0.0 < omega_fraction < 1.0:
+        raise ValueError(f"omega_fraction must lie in (0, 1), got {omega_fraction}")
+    # Z is about explore + |gamma| at a typical state: start xi near its target share of that
+    log_xi = math.log(omega_fraction / (1.0 - omega_fraction) * (explore + 10.0)) if aux else -math.inf
+    sigma_sum = x.new_zeros(())
+    xi_trace = []
+    chains = torch.arange(C, device=device)
+    acc = {"pip": _Blocks(), "w": _Blocks(), "coef": _Blocks()}
+    thin = thin or 1
+    states, state_logw = [[] for _ in range(C)], [[] for _ in range(C)]
+    omega_moves, step, stopped = 0, 0, "steps"
+    total = warmup + max_steps
+    while step < total:
+        logit, mean = state.conditionals(log_odds, log_slab_var)
+        log_pi, log_not = torch.nn.functional.logsigmoid(logit), torch.nn.functional.logsigmoid(-logit)
+        if kernel == "wtgs":
+            log_eta = torch.logaddexp(log_pi, torch.full_like(log_pi, log_explore))
+            log_sel = log_eta - torch.where(state.gamma, log_pi, log_not)
+        else:
+            log_sel = torch.zeros_like(log_pi)
+        if aux:
+            log_sel = torch.cat([log_sel, log_sel.new_full((C, 1), log_xi)], dim=1)
+        log_z = torch.logsumexp(log_sel, dim=1)
+        if step >= warmup:
+            w = torch.exp(-log_z) if kernel == "wtgs" else torch.ones_like(log_z)
+            pi = torch.exp(log_pi)
+            acc["pip"].add(w[:, None] * pi)
+            acc["w"].add(w)
+            acc["coef"].add(w[:, None] * pi * mean)
+            if noise_prior is not None:
+                sigma_sum = sigma_sum + (w * state.noise_precision.rsqrt()).sum()
+            if (step - warmup) % thin == 0:
+                for c in range(C):
+                    states[c].append(torch.nonzero(state.gamma[c]).flatten().cpu().numpy())
+                    state_logw[c].append(float(-log_z[c]))
+                if len(states[0]) == 2 * MAX_STATES:  # keep every other state: bounded memory
+                    states = [s[::2] for s in states]
+                    state_logw = [s[::2] for s in state_logw]
+                    thin *= 2
+        cdf = torch.cumsum(torch.exp(log_sel - log_z[:, None]), dim=1)
+        draw = torch.rand(C, 1, dtype=dtype, device=device, generator=gen) * cdf[:, -1:]
+        choice = torch.searchsorted(cdf, draw).squeeze(1).clamp(max=cdf.shape[1] - 1)
+        flips = choice < p
+        if kernel == "gibbs":  # random scan: resample the chosen coordinate from its conditional
+            j = choice.clamp(max=p - 1)
+            new = torch.rand(C, dtype=dtype, device=device, generator=gen) < torch.exp(log_pi[chains, j])
+            flips = flips & (new != state.gamma[chains, j])
+        state.flip(choice.clamp(max=p - 1), flips)
+        if aux:
+            moves = torch.nonzero(choice == p).flatten()
+            for c in moves.tolist():
+                psi = state.draw_coefficients(c, gen)
+                if bern:
+                    state.omega[c] = draw_pg(psi, gen)
+                else:  # sigma^2 | b, y ~ InvGamma(n / 2, RSS / 2) under p(sigma^2) = 1 / sigma^2: chi2_n / RSS
+                    rss = ((y - psi) ** 2).sum()
+                    chi2 = torch.randn(n, dtype=dtype, device=device, generator=gen).pow(2).sum()
+                    state.set_noise_precision(c, chi2 / rss)
+            if bern and moves.numel():
+                state.refresh(moves)
+            if step < warmup:  # Robbins-Monro on log xi towards the target share, averaged over the second half
+                share = moves.numel() / C
+                log_xi -= (share - omega_fraction) * 2.0 / math.sqrt(1.0 + step)
+                if 2 * step >= warmup:
+                    xi_trace.append(log_xi)
+                if step == warmup - 1:
+                    log_xi = sum(xi_trace) / len(xi_trace)
+            else:
+                omega_moves += moves.numel()
+        step += 1
+        if step % refresh == 0:
+            state.refresh(chains)
+        done = step - warmup
+        if time_budget is not None and time.perf_counter() - began >= time_budget and done > 0:
+            stopped = "time"
+            break
+        if done >= min_steps and done > 0 and done % check_every == 0:
+            if _result(acc, states, state_logw, done, warmup, began, omega_moves, C, RELEVANT).mixed:
+                stopped = "mixed"
+                break
+    result = _result(acc, states, state_logw, max(step - warmup, 0), warmup, began, omega_moves, C, RELEVANT / 10)
+    result.details["stopped"] = stopped
+    if noise_prior is not None:
+        result.details["noise_scale_mean"] = float(sigma_sum / acc["w"].total)
+    result.seconds = time.perf_counter() - began
+    return result
+
+
+def _starting_models(start, C, p, device, gen):
+    if start is None:
+        return torch.zeros(C, p, dtype=torch.bool, device=device)
+    start = torch.as_tensor(start, device=device)
+    if start.dtype == torch.bool:
+        if start.shape != (C, p):
+            raise ValueError(f"start must have shape ({C}, {p}) when boolean, got {tuple(start.shape)}")
+        return start
+    probs = start.to(torch.float64).clamp(0.0, 1.0)
+    draws = torch.rand(C, p, dtype=torch.float64, device=device, generator=gen) < probs
+    draws[0] = probs > 0.5
+    return draws
+
+
+def _result(acc, states, state_logw, done, warmup, began, omega_moves, C, seen_at):
+    if not acc["w"].sums:  # fewer steps than one block: close the open one
+        for a in acc.values():
+            if a.open is not None:
+                a.sums.append(a.open)
+                a.open, a.count = None, 0
+    total_w = acc["w"].stacked().sum()
+    pip = (acc["pip"].stacked().sum((0, 1)) / total_w).cpu().numpy()
+    coef = (acc["coef"].stacked().sum((0, 1)) / total_w).cpu().numpy()
+    pip = np.clip(pip, 0.0, 1.0)
+    rhat, mcse, ess, chain_pip = _diagnostics(acc, pip, seen_at)
+    return TemperedGibbsResult(
+        inclusion=pip,
+        mcse=mcse,
+        ess=ess,
+        rhat=rhat,
+        coef_mean=coef,
+        chain_inclusion=chain_pip,
+        states=states,
+        state_log_weights=np.asarray(state_logw, dtype=np.float64),
+        num_steps=done,
+        num_warmup=warmup,
+        seconds=time.perf_counter() - began,
+        details={"omega_fraction": omega_moves / max(done * C, 1)},
+    )

@@ -1,0 +1,222 @@
+"""The weighted tempered Gibbs sampler and the Pólya-Gamma draws, against references that share no code with them.
+
+References: l0bayes.analysis.exact_inclusion_probabilities (enumeration of all 2^p Gaussian models,
+itself tested against quadrature), adaptive Gauss-Hermite quadrature of the logistic model's
+marginal likelihood (tests/exact_spike_slab.py), the closed-form Pólya-Gamma moments and the
+compiled ``polyagamma`` package. Tolerances come from the sampler's own Monte Carlo standard errors.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from exact_spike_slab import logistic_inclusion_quadrature
+from scipy.special import expit, logsumexp
+from scipy.stats import ks_2samp
+
+from l0bayes.analysis import exact_inclusion_probabilities
+from l0bayes.distributions.polya_gamma import polya_gamma_mean, sample_polya_gamma
+from l0bayes.inference.tempered_gibbs import tempered_gibbs
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+def ar1(n, p, rho, rng):
+    x = np.empty((n, p))
+    x[:, 0] = rng.standard_normal(n)
+    for j in range(1, p):
+        x[:, j] = rho * x[:, j - 1] + math.sqrt(1 - rho**2) * rng.standard_normal(n)
+    return (x - x.mean(0)) / x.std(0, ddof=1)
+
+
+def within_mcse(estimate, mcse, exact, k=5.0, floor=0.01):
+    """|estimate - exact| <= k MCSE + floor, feature by feature (the floor covers the MCSE's own error)."""
+    err = np.abs(estimate - exact)
+    bad = ~(err <= k * mcse + floor)  # nan fails
+    assert not bad.any(), f"errors {err[bad]} against MCSE {mcse[bad]} at features {np.flatnonzero(bad)}"
+
+
+# ------------------------------------------------------------------ Pólya-Gamma
+@pytest.mark.parametrize("c", [0.0, 0.7, 3.0, 25.0])
+def test_polya_gamma_mean_and_variance(c):
+    num = 100_000
+    draws = sample_polya_gamma(torch.full((num,), c, dtype=torch.float64), torch.Generator().manual_seed(1))
+    var = 1.0 / 24.0 if c == 0 else (math.sinh(c) - c) / (4 * c**3 * math.cosh(c / 2) ** 2)
+    mean = polya_gamma_mean(torch.tensor([c], dtype=torch.float64)).item()
+    assert mean == pytest.approx(0.25 if c == 0 else math.tanh(c / 2) / (2 * c), rel=1e-12)
+    assert draws.mean().item() == pytest.approx(mean, abs=5 * math.sqrt(var / num))
+    assert draws.var().item() == pytest.approx(var, rel=0.05)
+    assert (draws > 0).all()
+
+
+def test_polya_gamma_matches_the_compiled_sampler():
+    polyagamma = pytest.importorskip("polyagamma")
+    rng = np.random.default_rng(0)
+    for c in (0.0, 1.3, 7.0):
+        ours = sample_polya_gamma(torch.full((20_000,), c, dtype=torch.float64), torch.Generator().manual_seed(2))
+        theirs = polyagamma.random_polyagamma(1, np.full(20_000, c), random_state=rng)
+        assert ks_2samp(ours.numpy(), theirs).pvalue > 1e-3
+
+
+def test_polya_gamma_bad_input():
+    with pytest.raises(TypeError, match="floating-point"):
+        sample_polya_gamma(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="finite"):
+        sample_polya_gamma(torch.tensor([1.0, math.nan]))
+
+
+# ------------------------------------------------------------------ the sampler against exact answers
+@pytest.fixture(scope="module")
+def correlated_gaussian():
+    rng = np.random.default_rng(11)
+    x = ar1(150, 10, 0.9, rng)
+    y = x[:, 2] - x[:, 5] + 0.6 * x[:, 8] + rng.standard_normal(150)
+    y = y - y.mean()
+    return x, y, exact_inclusion_probabilities(x, y, 0.2, 0.5, 1.0)
+
+
+@pytest.mark.parametrize("kernel", ["wtgs", pytest.param("gibbs", marks=pytest.mark.slow)])
+def test_gaussian_sampler_matches_enumeration(correlated_gaussian, kernel):
+    x, y, exact = correlated_gaussian
+    assert (
+        exact.inclusion.max() - exact.inclusion.min() > 0.5
+        and ((exact.inclusion > 0.2) & (exact.inclusion < 0.8)).any()
+    )
+    run = tempered_gibbs(
+        torch.tensor(x),
+        torch.tensor(y),
+        0.2,
+        0.5,
+        1.0,
+        kernel=kernel,
+        min_steps=2000,
+        max_steps=2000,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert run.num_steps == 2000 and run.chain_inclusion.shape == (4, 10)
+    assert np.all(run.mcse < 0.03) and np.all(np.isfinite(run.rhat[exact.inclusion > 0.01]))
+    within_mcse(run.inclusion, run.mcse, exact.inclusion)
+    np.testing.assert_allclose(run.coef_mean, exact.coef_mean, atol=0.03)
+
+
+def test_gaussian_sampler_with_unknown_noise_matches_enumeration():
+    """sigma sampled under p(sigma^2) = 1/sigma^2: against enumeration with sigma^2 integrated out on a grid."""
+    from l0bayes.analysis.exact import log_marginal_likelihood
+
+    rng = np.random.default_rng(12)
+    x = ar1(60, 7, 0.8, rng)
+    y = 0.8 * x[:, 1] - 0.6 * x[:, 6] + 1.5 * rng.standard_normal(60)
+    y = y - y.mean()
+    log_s2 = np.linspace(math.log(0.1), math.log(15.0), 200)  # sigma^2 from 0.1 to 15; y has variance ~3
+    models = np.array(list(itertools.product([False, True], repeat=7)))
+    log_ml = np.array(
+        [
+            logsumexp([log_marginal_likelihood(x, y, m, 0.7, math.exp(0.5 * t)) for t in log_s2])  # d(log s2) = ds2/s2
+            for m in models
+        ]
+    )
+    size = models.sum(1)
+    log_post = log_ml + size * math.log(0.25) + (7 - size) * math.log(0.75)
+    exact = np.exp(log_post - logsumexp(log_post)) @ models
+    run = tempered_gibbs(
+        torch.tensor(x),
+        torch.tensor(y),
+        0.25,
+        0.7,
+        3.0,  # a poor start: the true sigma is 1.5
+        noise_prior="jeffreys",
+        min_steps=2000,
+        max_steps=2000,
+        generator=torch.Generator().manual_seed(0),
+    )
+    within_mcse(run.inclusion, run.mcse, exact)
+    assert 1.2 < run.details["noise_scale_mean"] < 1.9 and 0.1 < run.details["omega_fraction"] < 0.3
+
+
+def test_bernoulli_sampler_matches_quadrature():
+    rng = np.random.default_rng(3)
+    x = ar1(100, 4, 0.8, rng)
+    y = (rng.random(100) < expit(0.3 + 0.9 * x[:, 1] - 0.6 * x[:, 3])).astype(float)
+    exact = logistic_inclusion_quadrature(x, y, 0.3, 1.0, 10.0, points=8)
+    run = tempered_gibbs(
+        torch.tensor(x),
+        torch.tensor(y),
+        0.3,
+        1.0,
+        family="bernoulli",
+        intercept_scale=10.0,
+        warmup=300,
+        min_steps=1500,
+        max_steps=1500,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert 0.1 < run.details["omega_fraction"] < 0.3
+    within_mcse(run.inclusion, run.mcse, exact)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("polya_gamma", ["torch", "polyagamma"])
+def test_bernoulli_sampler_matches_quadrature_long(polya_gamma):
+    if polya_gamma == "polyagamma":
+        pytest.importorskip("polyagamma")
+    rng = np.random.default_rng(4)
+    x = ar1(150, 4, 0.9, rng)
+    y = (rng.random(150) < expit(-0.5 + 0.8 * x[:, 0] + 0.5 * x[:, 2])).astype(float)
+    exact = logistic_inclusion_quadrature(x, y, 0.5, 0.8, 5.0, points=10)
+    run = tempered_gibbs(
+        torch.tensor(x),
+        torch.tensor(y),
+        0.5,
+        0.8,
+        family="bernoulli",
+        intercept_scale=5.0,
+        min_steps=20_000,
+        max_steps=20_000,
+        polya_gamma=polya_gamma,
+        generator=torch.Generator().manual_seed(5),
+    )
+    within_mcse(run.inclusion, run.mcse, exact, k=4.0, floor=0.005)
+
+
+def test_sampler_stops_when_mixed_and_on_time():
+    rng = np.random.default_rng(5)
+    x = ar1(100, 8, 0.5, rng)
+    y = x[:, 0] + rng.standard_normal(100)
+    args = (torch.tensor(x), torch.tensor(y - y.mean()), 0.2, 1.0, 1.0)
+    easy = tempered_gibbs(*args, min_steps=1000, max_steps=50_000, generator=torch.Generator().manual_seed(0))
+    assert easy.details["stopped"] == "mixed" and easy.num_steps < 50_000 and easy.mixed
+    quick = tempered_gibbs(*args, max_steps=10**7, time_budget=0.3, generator=torch.Generator().manual_seed(0))
+    assert quick.details["stopped"] == "time" and quick.seconds < 5.0
+
+
+def test_sampler_bad_arguments():
+    x, y = torch.randn(20, 3, dtype=torch.float64), torch.randn(20, dtype=torch.float64)
+    with pytest.raises(ValueError, match="family"):
+        tempered_gibbs(x, y, 0.5, 1.0, 1.0, family="poisson")
+    with pytest.raises(ValueError, match="kernel"):
+        tempered_gibbs(x, y, 0.5, 1.0, 1.0, kernel="hmc")
+    with pytest.raises(ValueError, match="noise_scale"):
+        tempered_gibbs(x, y, 0.5, 1.0)
+    with pytest.raises(ValueError, match="prior_inclusion"):
+        tempered_gibbs(x, y, 1.5, 1.0, 1.0)
+    with pytest.raises(ValueError, match="polya_gamma"):
+        tempered_gibbs(x, (y > 0).double(), 0.5, 1.0, family="bernoulli", polya_gamma="numpy")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sampler_on_gpu(correlated_gaussian):
+    x, y, exact = correlated_gaussian
+    run = tempered_gibbs(
+        torch.tensor(x, device="cuda"),
+        torch.tensor(y, device="cuda"),
+        0.2,
+        0.5,
+        1.0,
+        min_steps=3000,
+        max_steps=3000,
+        generator=torch.Generator(device="cuda").manual_seed(0),
+    )
+    within_mcse(run.inclusion, run.mcse, exact.inclusion)
