@@ -1,7 +1,8 @@
 """Variable selection on correlated designs: ``l0bayes.select_variables`` against SuSiE, millipede and the Lasso.
 
-The designs (``benchmarks/RESULTS.md``, "Variable selection"; ``--design``), ``n`` rows and ``p`` columns of unit variance, ``effects`` true coefficients
-at random positions with ``|b|`` uniform in [0.3, 1] and random signs:
+The designs (``benchmarks/RESULTS.md``, "Variable selection"; ``--design``), ``n`` rows and ``p``
+columns of unit variance, ``effects`` true coefficients at random positions with ``|b|`` uniform in
+[0.3, 1] and random signs:
 
 * ``ar1``: columns follow an AR(1) process across columns (correlation ``rho`` between neighbours);
 * ``block``: blocks of 10 columns sharing a factor (correlation ``rho`` within a block), and in

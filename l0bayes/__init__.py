@@ -7,7 +7,7 @@ The package is built in floors, lowest first; a module imports from its own floo
 from above (imports inside functions included), and no imports form a cycle:
 
 1. ``l0bayes.io``, ``l0bayes.threads``, ``l0bayes.utils``: checkpoint files that load without running
-   code, the thread policy, argument checks;
+   code, the thread policy, argument checks (and the private helpers beside them, e.g. optional imports);
 2. ``l0bayes.distributions``: the hard concrete distribution, its KL divergence, quadrature;
 3. ``l0bayes.data``: data sets and seeded splits;
 4. ``l0bayes.nn``: gates, gated layers, the paper's networks, penalties, density;

@@ -24,7 +24,7 @@ PACKAGE = ROOT / "l0bayes"
 
 # Lowest first; a module sits on the floor of its first component below ``l0bayes``.
 FLOORS = [
-    {"_atomic", "_checks", "utils", "threads", "io"},
+    {"_atomic", "_checks", "_optional", "utils", "threads", "io"},
     {"distributions"},
     {"data"},
     {"nn"},

@@ -25,27 +25,16 @@ Layout of the returned object (see :func:`to_inference_data`):
   layer's group size (``"<v>_group_size"``).
 """
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .._checks import COUNT, SEED, check_args, whole
+from .._optional import import_arviz
 from ..distributions import HardConcrete
 from ..nn.gates import HardConcreteGate, gates_of
 from ..threads import under_thread_policy
-
-
-def import_arviz():
-    """Import ArviZ lazily (an optional dependency: ``pip install l0bayes[analysis]``)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # arviz 0.2x announces its 1.0 refactor
-            import arviz
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("l0bayes.analysis needs ArviZ: pip install 'l0bayes[analysis]'") from err
-    return arviz
 
 
 @dataclass

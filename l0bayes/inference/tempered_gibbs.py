@@ -376,7 +376,7 @@ def _polya_gamma_sampler(backend, device):
 
 def _rhat_ess(blocks_h, blocks_w, pip, select):
     """ArviZ's R-hat and the MCSE of the ratio estimate for the features in ``select`` (block sums in)."""
-    from ..analysis.inference_data import import_arviz
+    from .._optional import import_arviz
 
     az = import_arviz()
     wbar = blocks_w.mean()

@@ -68,9 +68,10 @@ class SelectionResult:
         original ``X`` and ``y``.
     :ivar credible_sets: list of arrays of feature indices, each a 95% set that holds one effect
         (Gaussian family; minimum absolute correlation within a set at least 0.5).
-    :ivar khat: Pareto :math:`\hat k` of the importance check (passed at :math:`\hat k \le 0.7`). Negative values are the best case: the importance weights have
-        a bounded tail, lighter than exponential. Below 0.5 their variance is finite; from 0.5
-        to 0.7 it is infinite but the smoothed estimate is still reliable; above 0.7 it is not
+    :ivar khat: Pareto :math:`\hat k` of the importance check (passed at :math:`\hat k \le 0.7`).
+        Negative values are the best case: the importance weights have a bounded tail, lighter than
+        exponential. Below 0.5 their variance is finite; from 0.5 to 0.7 it is infinite but the
+        smoothed estimate is still reliable; above 0.7 it is not
         (:func:`~l0bayes.analysis.importance.khat_meaning`, and :attr:`diagnostic` in words).
     :ivar method: how the probabilities were obtained: ``"reweighted"`` (the check passed),
         ``"mcmc"`` (weighted tempered Gibbs sampling on the exact posterior) or ``"variational"``
@@ -194,7 +195,7 @@ class SelectionResult:
         feature (and ``mcse``, ``ess``, ``rhat`` for ``"mcmc"``); its ``attrs`` hold ``khat``,
         ``reliable``, ``method`` and the prior.
         """
-        from ..analysis.inference_data import import_arviz
+        from .._optional import import_arviz
 
         az = import_arviz()
         rng = np.random.default_rng(seed)
