@@ -15,10 +15,6 @@ from .base import Callback
 
 __all__ = ["History", "full_record"]
 
-#: Training examples on which the full record evaluates the free energy (at least one minibatch).
-RECORD_EXAMPLES = 1000
-
-
 class History(Callback):
     """Fill each epoch's record and append it to ``run.history`` (on the main process only).
 
