@@ -15,6 +15,7 @@ from .base import Callback
 
 __all__ = ["History", "full_record"]
 
+
 class History(Callback):
     """Fill each epoch's record and append it to ``run.history`` (on the main process only).
 
