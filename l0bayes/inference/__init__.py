@@ -1,17 +1,24 @@
-"""Inference: the free energy of Eq. 21, training, and data-parallel training under torchrun."""
+"""Inference: the free energy of Eq. 21, training (a loop with callbacks), and data-parallel training under torchrun."""
 
 from .averaging import ParameterAverage
+from .callbacks import Callback, EarlyStopping, TensorBoard
 from .compiled import CompiledStep
 from .device import resolve_device
 from .distributed import DistributedConfig, DistributedError, is_main_process
 from .errors import NonFiniteLossError
 from .free_energy import FreeEnergy, free_energy
+from .loop import Run, fit
 from .objectives import BayesObjective, ConstrainedObjective, Objective, PenalizedObjective, constrained_summary
 from .optimizers import parameter_groups
 from .training import TrainResult, train
 
 __all__ = [
     "BayesObjective",
+    "Callback",
+    "EarlyStopping",
+    "Run",
+    "TensorBoard",
+    "fit",
     "CompiledStep",
     "ConstrainedObjective",
     "Objective",
