@@ -28,7 +28,11 @@ from l0bayes.nn import L0MLP
 def workloads():
     digits = load_dataset("digits", seed=0)
     yield "digits MLP 64-100-50 (CLI default), 1258 train / 359 test", digits, (100, 50), 1e-2, 20
-    fashion = load_dataset("fashion-mnist", seed=0)
+    try:
+        fashion = load_dataset("fashion-mnist", seed=0)
+    except FileNotFoundError as err:  # the Debian package dataset-fashion-mnist is not installed
+        print(f"# skipped Fashion-MNIST: {err}")
+        return
     g = torch.Generator().manual_seed(0)
     train_idx = torch.randperm(fashion.x_train.shape[0], generator=g)[:6000]
     test_idx = torch.randperm(fashion.x_test.shape[0], generator=g)[:1000]
