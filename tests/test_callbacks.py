@@ -287,3 +287,16 @@ def test_an_iterable_without_a_length_needs_num_data():
     assert len(result.history) == 2
     with pytest.raises(TypeError, match="with y=None"):
         train(_classifier(), batches, y, num_data=120, epochs=1, progress=False)
+
+
+def test_the_first_batches_of_an_iterable_are_checked_and_a_list_of_two_batches_is_batches():
+    x, y = _digits_like()
+    loader = DataLoader(TensorDataset(x.double(), y), batch_size=40)  # float64 data, float32 model
+    with pytest.raises(TypeError, match="the first batches' x has dtype torch.float64"):
+        train(_classifier(), loader, epochs=1, progress=False)
+    bad = DataLoader(TensorDataset(x, y + 5), batch_size=40)  # labels beyond the 3 classes
+    with pytest.raises(ValueError, match="class labels must lie in"):
+        train(_classifier(), bad, epochs=1, progress=False)
+    two_batches = [(x[:60], y[:60]), (x[60:], y[60:])]  # test data as a list of two batches, not a pair
+    result = train(_classifier(), x, y, epochs=1, progress=False, test_data=two_batches)
+    assert 0 <= result.history[-1]["test_error"] <= 1

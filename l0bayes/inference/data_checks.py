@@ -1,7 +1,7 @@
 """Clear errors before the first step for data a model cannot train on (:func:`~l0bayes.inference.train`).
 
-The checks run on tensors in memory; batches from an iterable are the user's own (their first batch
-is checked when training starts).
+The checks run on tensors in memory; of an iterable of batches (a ``DataLoader``), ``train`` checks the
+first batches, up to the examples of the full record.
 """
 
 import torch

@@ -189,9 +189,12 @@ def _train(arguments):
     seed_everything(ddp.seed(arguments["seed"]))  # the gate seed differs between ranks: each draws its own gates
     model.to(ddp.device)
     run, settings = _build_run(model, x, y, arguments, ddp)
+    subset = run.batches.record_subset()  # the full record's fixed training examples
+    if not torch.is_tensor(x):  # batches of an iterable: the first ones are checked like tensors in memory
+        check_data(model, *subset, ("the first batches' x", "the first batches' y"))
     path = arguments["checkpoint"]
     checkpointing = Checkpointing(path, ddp, settings) if path is not None else None
-    run.callbacks = _callbacks(run, arguments, checkpointing)
+    run.callbacks = _callbacks(run, arguments, checkpointing, subset)
     run.callbacks.setup(run)
     if arguments["resume"]:
         _restore(run, checkpointing, arguments)
@@ -204,7 +207,7 @@ def _train(arguments):
 
 def _test_data(model, test_data):
     """``test_data`` checked against the model: a pair of tensors, or an iterable of batches (used as given)."""
-    if isinstance(test_data, (tuple, list)):
+    if isinstance(test_data, (tuple, list)) and test_data and torch.is_tensor(test_data[0]):
         if len(test_data) != 2:
             raise TypeError(f"test_data must be a pair (x_test, y_test) of tensors, got {type(test_data).__name__}")
         return check_data(model, *test_data, ("test_data[0]", "test_data[1]"))
@@ -246,14 +249,14 @@ def _step(step_objective, step_function, ddp):
     return step
 
 
-def _callbacks(run, a, checkpointing):
+def _callbacks(run, a, checkpointing, subset):
     """The callbacks ``train``'s arguments ``a`` ask for, then the user's, then the checkpoint."""
     built = [FiniteParameters()]
     if a["log_alpha_range"] is not None:
         built.append(LogAlphaProjection(*a["log_alpha_range"]))
     if a["ema_decay"] is not None:
         built.append(ParameterAveraging(a["ema_decay"]))
-    built.append(History(run.batches.record_subset(), a["test_data"], a["input_shape"], a["record_every"]))
+    built.append(History(subset, a["test_data"], a["input_shape"], a["record_every"]))
     if run.schedule is not None:
         built.append(LRSchedule(run.schedule))
     if a["progress"]:
