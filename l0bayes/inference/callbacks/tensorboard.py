@@ -2,6 +2,7 @@
 
 import os
 
+from ...nn.density import density_names
 from ...nn.gates import gates_of
 from .base import Callback
 
@@ -43,7 +44,7 @@ class TensorBoard(Callback):
                 f"TensorBoard log_dir {self.log_dir!r} already holds event files of another run; choose a new directory"
             )
         self.writer = SummaryWriter(self.log_dir, purge_step=run.epoch + 1 if resumed else None)
-        self.layer_names = [_layer_name(name) for name, _ in gates_of(run.model)]
+        self.layer_names = density_names(run.model) if gates_of(run.model) else []  # fc1, as the user named it
 
     def on_epoch_end(self, run, record):
         if self.writer is None:
@@ -64,7 +65,7 @@ class TensorBoard(Callback):
                     self.writer.add_scalar(f"{name}/{i}", v, step)
             elif isinstance(value, dict) and all(isinstance(v, (int, float)) for v in value.values()):
                 for key, v in value.items():
-                    self.writer.add_scalar(f"{name}/{_layer_name(str(key))}", v, step)
+                    self.writer.add_scalar(f"{name}/{key}", v, step)  # (per-layer entries: density_names)
         if self.log_histograms:
             for layer, (_, gate) in zip(self.layer_names, gates_of(run.model), strict=True):
                 self.writer.add_histogram(f"log_alpha/{layer}", gate.log_alpha.detach().cpu(), step)
@@ -77,9 +78,3 @@ class TensorBoard(Callback):
         if self.writer is not None:
             self.writer.close()
             self.writer = None
-
-
-def _layer_name(gate_name):
-    """``"net.fc1.gate"`` -> ``"fc1"``: the user's layer name, without the wrapper's ``net.`` and the gate suffix."""
-    name = gate_name[: -len(".gate")] if gate_name.endswith(".gate") else gate_name
-    return name[len("net.") :] if name.startswith("net.") else name
