@@ -11,6 +11,7 @@ from .compiled import requirement_error
 __all__ = ["OBJECTIVES", "check_arguments"]
 
 OBJECTIVES = ("bayes", "penalized", "constrained")
+RANKS = ("log_alpha", "norm")  # the constrained objective's ranking of groups (objectives.RANKS)
 
 
 def _is_number(v):
@@ -62,8 +63,24 @@ _ARGUMENT_RULES = (
     ),
     (
         lambda a: a["objective"] == "constrained",
+        lambda a: (a["target_density"] is None) != (a["target_flops"] is None),
+        "constrained training needs one of target_density (a fraction of the parameters) and target_flops "
+        "(a fraction of the FLOPs), got target_density={target_density!r}, target_flops={target_flops!r}",
+    ),
+    (
+        lambda a: a["objective"] == "constrained" and a["target_flops"] is None,
         lambda a: _density_ok(a["target_density"]),
         "constrained training needs target_density in (0, 1], got {target_density!r}",
+    ),
+    (
+        lambda a: a["objective"] == "constrained" and a["target_flops"] is not None,
+        lambda a: _density_ok(a["target_flops"]),
+        "constrained training needs target_flops in (0, 1], got {target_flops!r}",
+    ),
+    (
+        lambda a: a["objective"] == "constrained",
+        lambda a: a["rank"] in RANKS,
+        "rank must be one of {RANKS}, got {rank!r}",
     ),
     (
         lambda a: a["objective"] == "constrained" and a["multiplier_lr"] is not None,
@@ -157,7 +174,7 @@ def check_arguments(args, x, y):
     """Raise the first failed rule of :data:`_ARGUMENT_RULES` and :data:`_DATA_RULES`."""
     for applies, holds, message in _ARGUMENT_RULES:
         if applies(args) and not holds(args):
-            raise ValueError(message(args) if callable(message) else message.format(OBJECTIVES=OBJECTIVES, **args))
+            raise ValueError(message(args) if callable(message) else message.format(OBJECTIVES=OBJECTIVES, RANKS=RANKS, **args))
     args["seed"] = check_seed(args["seed"])  # (torch.manual_seed raised "Overflow when unpacking long long")
     for holds, error, message in _DATA_RULES:
         if not holds(x, y):

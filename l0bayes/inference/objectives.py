@@ -15,9 +15,10 @@ The objectives (``docs/mathematics.md``, "The variational free energy" and "Cons
 * :class:`BayesObjective`: the free energy of Eq. 21 (``TraceMeanField_ELBO``, or the model's own
   ``bayes_loss``);
 * :class:`PenalizedObjective`: Eq. 22, the same without the gate KL;
-* :class:`ConstrainedObjective`: the data term subject to a target density (one global constraint
-  or one per gated layer), by a Lagrangian on the expected density and a final phase that fixes the
-  gates so that the *test-time* density meets the target.
+* :class:`ConstrainedObjective`: the data term subject to a target density or a target fraction of
+  FLOPs (one global constraint or one per gated layer), counted as the pruned model keeps them
+  (:mod:`l0bayes.pruning.size`), by a Lagrangian on their expectation under :math:`q` and a final phase
+  that fixes the gates so that the pruned model meets the target.
 """
 
 import math
@@ -26,8 +27,9 @@ import warnings
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
-from ..nn.density import density_names, expected_density, test_time_density
+from ..nn.density import density_names, test_time_gate_density
 from ..nn.gates import gates_of
+from ..pruning.size import network_size
 from .errors import NonFiniteLossError
 from .free_energy import free_energy
 
@@ -51,6 +53,11 @@ DUAL_RESTARTS = True
 FINAL_PHASE = 0.1
 #: The final phase warns when the expected density it starts from exceeds the target by more than this.
 FINAL_PHASE_GAP = 0.1
+#: The gates are fixed once every expected fraction is within this of (or below) its target.
+ARRIVAL = 0.02
+#: How the final phase ranks the groups it keeps (benchmarks/RESULTS.md, "Constrained sparsity").
+RANK = "log_alpha"
+RANKS = ("log_alpha", "norm")
 
 
 class Objective:
@@ -154,31 +161,45 @@ class PenalizedObjective(Objective):
 
 
 class ConstrainedObjective(Objective):
-    r"""Minimise the data term subject to a density of at most ``target_density`` (the slides' constrained form).
+    r"""Minimise the data term subject to the pruned model keeping at most a target fraction of the dense one.
 
-    **Phase 1, the Lagrangian** (``docs/mathematics.md``, "Constrained sparsity"): gradient descent on the
-    model for :math:`\frac1N \text{nll} + \sum_k \mu_k (d_k - \epsilon_k)`, with :math:`d_k` the expected
-    density (Eq. 12, 16) of the whole network or of layer :math:`k`, and projected gradient ascent
-    :math:`\mu_k \leftarrow \max(0, \mu_k + \eta\,(d_k - \epsilon_k))` after every step (``multiplier_lr``
-    is :math:`\eta`); with ``dual_restarts`` a multiplier returns to zero whenever its constraint holds.
+    The fraction is of parameters (``target_density``) or of FLOPs per example (``target_flops``), counted
+    as :func:`~l0bayes.pruning.prune` keeps them: a weight counts only when its input and its output unit
+    both survive, through every layer (:mod:`l0bayes.pruning.size`, ``docs/mathematics.md``,
+    "Constrained sparsity").
 
-    **Phase 2, the final phase** (the last ``final_phase`` fraction of the epochs): the gates are fixed.
-    In each constraint's group of gates the gates are ranked by ``log_alpha`` (the order of both Eq. 12
-    and Eq. 13) and the largest set of top-ranked groups whose parameters fit within the target is kept
-    (at least one gate per layer); kept gates get ``log_alpha = +fixed_log_alpha`` and the others
-    ``-fixed_log_alpha``, so that the training gates are 1 or 0 except with probability below
-    :math:`\sigma(\beta\log(-\gamma/\zeta) - 50) \approx 10^{-21}`, and the Eq. 13 gates are exactly
-    these. The weights then train for the data term alone, with the test-time architecture.
-    The test-time density then lies below the target by less than one group's share of parameters.
+    **Phase 1, the Lagrangian**: gradient descent on the model for
+    :math:`\frac1N \text{nll} + \sum_k \mu_k (d_k - \epsilon_k)`, with :math:`d_k` the *expected* fraction
+    under :math:`q` (every unit alive with the product of its gates' :math:`q(z \ne 0)`, Eq. 12) of the whole
+    network or of layer :math:`k`, and projected gradient ascent :math:`\mu_k \leftarrow \max(0, \mu_k +
+    \eta\,(d_k - \epsilon_k))` after every step (``multiplier_lr`` is :math:`\eta`); with ``dual_restarts`` a
+    multiplier returns to zero whenever its constraint holds.
 
-    :param target_density: :math:`\epsilon` in ``(0, 1]``: a float, or with ``per_layer`` one per gated layer.
+    **Phase 2, the final phase**: the gates are fixed for the last ``final_phase`` of the epochs, but only once
+    the Lagrangian has *arrived*: from the epoch :meth:`final_phase_start` on, the gates are fixed at the
+    first epoch whose every expected fraction is at most its target plus :data:`ARRIVAL`; at the last epoch
+    they are fixed whatever the fraction, with a warning that says how many more epochs the Lagrangian
+    needed. The groups are ranked (``rank``: ``"log_alpha"``, the order of Eq. 12 and 13, or ``"norm"``,
+    :math:`q(z_g \ne 0)` times the group's weight norm relative to its layer's median) and, greedily in that
+    order, each is kept when the pruned model's fractions still fit within the targets (at least one gate
+    per layer). Kept gates get ``log_alpha = +fixed_log_alpha`` and the others ``-fixed_log_alpha``, so that
+    the training gates are 1 or 0 except with probability below
+    :math:`\sigma(\beta\log(-\gamma/\zeta) - 50) \approx 10^{-21}`, and the Eq. 13 gates are exactly these.
+    The weights then train for the data term alone, with the test-time architecture.
+
+    :param target_density: :math:`\epsilon` in ``(0, 1]``, of parameters: a float, or with ``per_layer`` one
+        per gated layer (of that layer's own parameters).
+    :param target_flops: instead, :math:`\epsilon` of FLOPs per example (needs ``input_shape``, or a model of
+        :func:`~l0bayes.pruning.sparsify`).
     :param bool per_layer: one constraint (and multiplier) per gated layer instead of one for the network.
     :param multiplier_lr: :math:`\eta`, the ascent step of the multipliers per training step
         (:func:`~l0bayes.inference.train` uses ``3 * lr`` unless told otherwise).
     :param bool dual_restarts: reset a multiplier to zero whenever its constraint is satisfied.
-    :param final_phase: fraction of the epochs (rounded up, at least one epoch when positive) with fixed gates;
-        ``0`` trains on the Lagrangian throughout (the expected density then meets the target, the
-        test-time density need not).
+    :param final_phase: fraction of the epochs (rounded up, at least one epoch when positive) with fixed gates
+        at most; ``0`` trains on the Lagrangian throughout (the expected fraction then meets the target,
+        the pruned model's need not).
+    :param input_shape: one example's shape (no batch dimension), for FLOPs.
+    :param rank: how the final phase ranks the groups.
     """
 
     name = "constrained"
@@ -188,34 +209,65 @@ class ConstrainedObjective(Objective):
         self,
         model,
         num_data,
-        target_density,
+        target_density=None,
         per_layer=False,
         multiplier_lr=MULTIPLIER_LR,
         dual_restarts=DUAL_RESTARTS,
         final_phase=FINAL_PHASE,
+        target_flops=None,
+        input_shape=None,
+        rank=RANK,
     ):
         super().__init__(model, num_data)
+        if (target_density is None) == (target_flops is None):
+            raise ValueError(
+                "the constrained objective needs exactly one of target_density (a fraction of the parameters) "
+                f"and target_flops (a fraction of the FLOPs), got target_density={target_density!r}, "
+                f"target_flops={target_flops!r}"
+            )
+        if rank not in RANKS:
+            raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+        self.what = "parameters" if target_flops is None else "flops"
+        self.target_name = "target_density" if target_flops is None else "target_flops"
+        target = target_density if target_flops is None else target_flops
         self.gates = [g for _, g in gates_of(model)]
+        self.layers = [_owner(model, name) for name, _ in gates_of(model)]
         self.layer_names = density_names(model)
         self.per_layer = bool(per_layer)
         count = len(self.gates) if self.per_layer else 1
-        targets = torch.as_tensor(target_density, dtype=torch.float64).reshape(-1)
+        targets = torch.as_tensor(target, dtype=torch.float64).reshape(-1)
         if targets.numel() == 1:
             targets = targets.expand(count)
         if targets.numel() != count:
-            raise ValueError(f"target_density has {targets.numel()} entries, the model {count} gated layers")
+            raise ValueError(f"{self.target_name} has {targets.numel()} entries, the model {count} gated layers")
         if not bool(((targets > 0) & (targets <= 1)).all()):
-            raise ValueError(f"target_density must lie in (0, 1], got {target_density!r}")
+            raise ValueError(f"{self.target_name} must lie in (0, 1], got {target!r}")
+        if self.what == "flops" and input_shape is None and not _has_example_inputs(model):
+            raise ValueError("target_flops needs input_shape: the shape of one example, without the batch dimension")
+        self.size = network_size(model, input_shape)
+        self.has_flops = self.size.calls is not None
         device = self.gates[0].log_alpha.device
         self.target_values = targets.tolist()  # exact, for the final phase's budget
         self.targets = targets.to(torch.float32).to(device)
         self.multiplier_lr = float(multiplier_lr)
         self.dual_restarts = bool(dual_restarts)
         self.final_phase = float(final_phase)
+        self.rank = rank
         self.mu = torch.zeros(count, device=device)
         self.fixed = None  # the kept-gate masks during the final phase
         self.fixed_at = None  # the epoch (0-based) at which they were fixed
-        self.density_at_fix = None  # the expected density(ies) when the gates were fixed
+        self.forced = False  # whether they were fixed at the last epoch without the Lagrangian having arrived
+        self.density_at_fix = None  # the expected fraction(s) when the gates were fixed
+        self.epochs = None  # the number of epochs of the run, from start_epoch
+        self.trajectory = []  # (epoch, expected fractions) at the start of each epoch from the earliest final phase
+
+    def expected(self):
+        """The expected fraction(s) under :math:`q` that the constraints bound: shape ``(1,)`` or ``(L,)``."""
+        return self.size.fraction(self.what, "expected", self.per_layer).reshape(-1)
+
+    def test_time(self, what=None, per_layer=None):
+        """The pruned model's fraction(s) with the Eq. 13 gates (a float, or ``{layer: fraction}``)."""
+        return self.size.fraction(what or self.what, "test", self.per_layer if per_layer is None else per_layer)
 
     # ------------------------------------------------------------------ phase 1
     def step(self, x, y):
@@ -223,7 +275,7 @@ class ConstrainedObjective(Objective):
             nll, _ = self.model.penalized_loss(x, y, self.num_data)
         else:
             nll = _free_energy(self.model, x, y, self.num_data).nll
-        violation = expected_density(self.model, self.per_layer) - self.targets.to(nll.dtype)
+        violation = self.expected().to(nll.dtype) - self.targets.to(nll.dtype)
         value = nll / self.num_data + (self.mu.to(nll.dtype) * violation).sum()
         return nll, value, violation
 
@@ -239,7 +291,11 @@ class ConstrainedObjective(Objective):
 
     # ------------------------------------------------------------------ phase 2
     def final_phase_start(self, epochs):
-        """``epochs - ceil(final_phase * epochs)``: the first epoch (0-based) with fixed gates (``None`` for ``0``)."""
+        """``epochs - ceil(final_phase * epochs)``: the earliest epoch (0-based) with fixed gates (``None`` for ``0``).
+
+        The gates are fixed there if the Lagrangian has arrived (:data:`ARRIVAL`), else at the first later
+        epoch where it has, and at the last epoch at the latest.
+        """
         if self.final_phase <= 0 or epochs <= 0:
             return None
         return int(epochs) - math.ceil(self.final_phase * int(epochs))
@@ -248,36 +304,50 @@ class ConstrainedObjective(Objective):
     def final_phase_began(self):
         return self.fixed_at
 
-    def start_epoch(self, epoch, epochs):
-        start = self.final_phase_start(epochs)
-        if self.fixed is None and start is not None and epoch >= start:
-            with torch.no_grad():
-                self.density_at_fix = expected_density(self.model, self.per_layer).tolist()
-            self._warn_if_far(epoch, epochs)
-            self.fixed = self.keep_masks()
-            self.fixed_at = int(epoch)
-            with torch.no_grad():
-                self._project()
+    def arrived(self, expected):
+        """Whether every expected fraction is at most its target plus :data:`ARRIVAL`."""
+        return all(d <= t + ARRIVAL for d, t in zip(expected, self.target_values, strict=True))
 
-    def _warn_if_far(self, epoch, epochs):
-        """Warn when the Lagrangian phase ended far above the target: the final phase then prunes a lot at once."""
-        far = _largest_gap(self.density_at_fix, self.target_values)
-        if far is not None:
-            d, t = far
-            warnings.warn(
-                f"constrained: the gates are fixed for the final phase (epoch {epoch + 1} of {epochs}) at expected "
-                f"density {d:.3f} against the target {t:.3f}; the final phase removes the difference at once, "
-                "which can cost much accuracy: train more epochs or raise multiplier_lr",
-                UserWarning,
-                stacklevel=7,  # the caller of train() (train, _train, fit, the epochs loop, start_epoch, this)
-            )
+    def start_epoch(self, epoch, epochs):
+        self.epochs = int(epochs)
+        start = self.final_phase_start(epochs)
+        if self.fixed is not None or start is None or epoch < start:
+            return
+        with torch.no_grad():
+            expected = self.expected().tolist()
+        self.trajectory.append((int(epoch), expected))
+        arrived = self.arrived(expected)
+        if not arrived and epoch < epochs - 1:
+            return
+        self.density_at_fix = expected
+        self.forced = not arrived
+        if self.forced:
+            self._warn_not_arrived(epoch, epochs)
+        self.fixed = self.keep_masks()
+        self.fixed_at = int(epoch)
+        with torch.no_grad():
+            self._project()
+
+    def _warn_not_arrived(self, epoch, epochs):
+        """One line: the Lagrangian did not reach the target before the last epoch, and what to change."""
+        far = max(zip(self.density_at_fix, self.target_values, strict=True), key=lambda g: g[0] - g[1])
+        d, t = far
+        more = _epochs_needed(self.trajectory, self.target_values)
+        hint = f"about {more} more epochs" if more is not None else "more epochs"
+        warnings.warn(
+            f"constrained: the gates are fixed at the last epoch ({epoch + 1} of {epochs}) before the Lagrangian "
+            f"arrived: expected {_word(self.what)} {d:.3f} against the target {t:.3f}, so the final phase cuts the "
+            f"difference at once, which costs accuracy: train {hint}, or raise multiplier_lr or the gates' "
+            "learning rate",
+            UserWarning,
+            stacklevel=7,  # the caller of train() (train, _train, fit, the epochs loop, start_epoch, this)
+        )
 
     @torch.no_grad()
     def keep_masks(self):
-        """The gates kept in the final phase: per constraint, the top-``log_alpha`` groups that fit in the target."""
-        if self.per_layer:
-            return [_top_groups([g], t)[0] for g, t in zip(self.gates, self.target_values, strict=True)]
-        return _top_groups(self.gates, self.target_values[0])
+        """The gates kept in the final phase: greedily by rank, each group that keeps the pruned model within target."""
+        scores = [_scores(layer, gate, self.rank) for layer, gate in zip(self.layers, self.gates, strict=True)]
+        return _fit_groups(self.size, self.layers, scores, self.what, self.target_values, self.per_layer)
 
     @torch.no_grad()
     def finalize_parameters(self):
@@ -296,18 +366,23 @@ class ConstrainedObjective(Objective):
 
     def record(self):
         with torch.no_grad():
-            expected = expected_density(self.model, self.per_layer).tolist()
-        return {
+            expected = self.expected().tolist()
+        out = {
             "multipliers": self.mu.tolist(),
             "constraint": expected,
-            "target_density": _scalar_or_list(self.target_values, self.per_layer),
-            "test_time_density": test_time_density(self.model),
-            "test_time_density_per_layer": test_time_density(self.model, per_layer=True),
+            self.target_name: _scalar_or_list(self.target_values, self.per_layer),
+            "test_time_density": self.test_time("parameters", False),
+            "test_time_density_per_layer": self.test_time("parameters", True),
             "gates_fixed": self.fixed is not None,
+            "final_phase_forced": self.forced,
             "density_at_final_phase": None
             if self.density_at_fix is None
             else _scalar_or_list(self.density_at_fix, self.per_layer),
         }
+        if self.has_flops:
+            out["test_time_flops"] = self.test_time("flops", False)
+            out["test_time_flops_per_layer"] = self.test_time("flops", True)
+        return out
 
     def state_dict(self):
         return {
@@ -315,45 +390,124 @@ class ConstrainedObjective(Objective):
             "mu": self.mu.detach().cpu().clone(),
             "fixed": None if self.fixed is None else [m.cpu().clone() for m in self.fixed],
             "fixed_at": self.fixed_at,
+            "forced": self.forced,
+            "epochs": self.epochs,
+            "checked_from": None if self.epochs is None else self.final_phase_start(self.epochs),
+            "trajectory": list(self.trajectory),
             "targets": self.targets.cpu().clone(),
+            "what": self.what,
             "per_layer": self.per_layer,
             "density_at_fix": self.density_at_fix,
         }
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        if bool(state["per_layer"]) != self.per_layer or not torch.equal(state["targets"], self.targets.cpu()):
+        what = state.get("what", "parameters")
+        if (
+            what != self.what
+            or bool(state["per_layer"]) != self.per_layer
+            or not torch.equal(state["targets"], self.targets.cpu())
+        ):
             raise ValueError(
-                f"the checkpoint was trained for target density {state['targets'].tolist()} "
-                f"(per_layer={bool(state['per_layer'])}), this run asks {self.targets.tolist()} "
-                f"(per_layer={self.per_layer})"
+                f"the checkpoint was trained for target {_word(what)} {state['targets'].tolist()} "
+                f"(per_layer={bool(state['per_layer'])}), this run asks target {_word(self.what)} "
+                f"{self.targets.tolist()} (per_layer={self.per_layer})"
             )
         self.mu = state["mu"].to(self.mu.device)
         self.fixed = None if state["fixed"] is None else [m.to(self.mu.device) for m in state["fixed"]]
         self.fixed_at = state.get("fixed_at")  # (absent from checkpoints of earlier versions)
+        self.forced = bool(state.get("forced", False))
+        self.trajectory = [tuple(t) for t in state.get("trajectory", [])]
         self.density_at_fix = state.get("density_at_fix")  # (absent from checkpoints of earlier versions)
 
 
-def _top_groups(gates, target):
-    """Masks keeping the top-``log_alpha`` groups of ``gates`` whose parameters fit in ``target`` of them all.
+def _word(what):
+    return "density" if what == "parameters" else "FLOPs"
 
-    Greedy in the order of ``log_alpha``: a group that does not fit is skipped and smaller ones after it
-    may still fit. The best gate of every layer is kept even if that exceeds the target (an empty
-    layer would disconnect the network).
+
+def _owner(model, gate_name):
+    owner = gate_name[: -len(".gate")] if gate_name.endswith(".gate") else ""
+    return model.get_submodule(owner)
+
+
+def _has_example_inputs(model):
+    net = getattr(model, "net", model)
+    return getattr(net, "_l0_example_inputs", None) is not None
+
+
+def _epochs_needed(trajectory, targets):
+    """Epochs the Lagrangian would still need at its recent pace (``None`` when it is not moving down)."""
+    if len(trajectory) < 2:
+        return None
+    (e0, d0), (e1, d1) = trajectory[max(0, len(trajectory) - 4)], trajectory[-1]
+    needs = []
+    for a, b, t in zip(d0, d1, targets, strict=True):
+        gap = b - (t + ARRIVAL)
+        if gap <= 0:
+            continue
+        pace = (a - b) / max(e1 - e0, 1)
+        if pace <= 0:
+            return None
+        needs.append(math.ceil(gap / pace))
+    return max(needs) if needs else None
+
+
+def _group_norms(layer, gate):
+    """The norm of each group's weights (the scale of the unit it gates), or ``None`` when not known."""
+    weight = getattr(layer, "weight", None)
+    if not torch.is_tensor(weight):
+        return None
+    n = gate.num_gates
+    if isinstance(layer, torch.nn.Linear) or (weight.dim() == 2 and weight.shape[1] == n):
+        return weight.detach().norm(dim=0)
+    batch_norm = getattr(layer, "gated_batch_norm", None)
+    if batch_norm is not None and batch_norm.weight is not None:
+        return batch_norm.weight.detach().abs() * weight.detach().flatten(1).norm(dim=1)
+    if weight.shape[0] == n:
+        return weight.detach().flatten(1).norm(dim=1)
+    return None
+
+
+def _scores(layer, gate, rank):
+    """Higher is kept first: ``log_alpha``, or ``log q(z != 0) + log(norm / the layer's median norm)``."""
+    log_alpha = gate.log_alpha.detach().double().cpu()
+    if rank == "log_alpha":
+        return log_alpha
+    norms = _group_norms(layer, gate)
+    if norms is None:
+        return log_alpha
+    norms = norms.double().cpu()
+    relative = norms / norms.median().clamp(min=torch.finfo(torch.float64).tiny)
+    return torch.log(gate.prob_nonzero().detach().double().cpu()) + torch.log(relative)
+
+
+def _fit_groups(size, layers, scores, what, targets, per_layer):
+    """Masks keeping, greedily by score, each group with which the pruned model's fractions stay within targets.
+
+    The best-scored group of every layer is kept first, whatever the target (an empty layer would
+    disconnect the network); then each group in order of score is kept if every constrained fraction of the
+    pruned model (counted exactly, :class:`~l0bayes.pruning.NetworkSize`) is still at most its target. With one
+    target per layer the layers are filled from the last to the first (a layer's count depends on how many of
+    its outputs the next layer reads), each in order of score.
     """
-    sizes = torch.cat([torch.full((g.num_gates,), g.group_size, dtype=torch.float64) for g in gates])
-    scores = torch.cat([g.log_alpha.detach().cpu().double() for g in gates])
-    layer = torch.cat([torch.full((g.num_gates,), k) for k, g in enumerate(gates)])
-    keep = torch.zeros(scores.numel(), dtype=torch.bool)
-    for k in range(len(gates)):  # the best gate of every layer first
-        idx = (layer == k).nonzero().squeeze(1)
-        keep[idx[scores[idx].argmax()]] = True
-    budget = target * float(sizes.sum()) - float(sizes[keep].sum())
-    for i in torch.argsort(scores, descending=True, stable=True).tolist():
-        if not keep[i] and sizes[i] <= budget + 1e-9 * float(sizes.sum()):
-            keep[i] = True
-            budget -= float(sizes[i])
-    return list(keep.split([g.num_gates for g in gates]))
+    masks = [torch.zeros(s.numel(), dtype=torch.float64) for s in scores]
+    for m, s in zip(masks, scores, strict=True):
+        m[int(s.argmax())] = 1.0
+    entries = [(float(v), k, i) for k, s in enumerate(scores) for i, v in enumerate(s.tolist())]
+    if per_layer:  # a layer's count also depends on the next one's gates: fill from the output back
+        order = sorted(entries, key=lambda t: (-t[1], -t[0], t[2]))
+    else:
+        order = sorted(entries, key=lambda t: (-t[0], t[1], t[2]))
+    limits = [t + 1e-12 for t in targets]
+    for _, k, i in order:
+        if masks[k][i]:
+            continue
+        masks[k][i] = 1.0
+        values = {id(layer): m for layer, m in zip(layers, masks, strict=True)}
+        fractions = size.fraction_at(values, what, per_layer)
+        if any(f > t for f, t in zip(fractions, limits, strict=True)):
+            masks[k][i] = 0.0
+    return [m.bool() for m in masks]
 
 
 def _largest_gap(densities, targets):
@@ -393,68 +547,89 @@ def make_objective(objective, model, num_data, **constrained):
 
 def constrained_summary(
     model,
-    target_density,
+    target_density=None,
     per_layer=False,
     multipliers=None,
     tolerance=0.02,
     density_at_final_phase=None,
     history=None,
+    target_flops=None,
+    input_shape=None,
 ):
-    """What a constrained run achieved at test time, and one-line warnings when it missed.
+    """What a constrained run achieved in the pruned model, and one-line warnings when it missed.
 
     :param model: the :class:`~l0bayes.inference.TrainResult` of the run (its model, multipliers and
         history are then used), or the trained network (or model) holding the gates.
+    :param target_density, target_flops: the run's target (one of them): a fraction of the dense model's
+        parameters or FLOPs per example.
     :param multipliers: the run's final multipliers (``TrainResult.multipliers``), copied into the summary.
-    :param density_at_final_phase: the expected density when the gates were fixed (the history's
+    :param density_at_final_phase: the expected fraction when the gates were fixed (the history's
         ``density_at_final_phase``); by default read from the history. A warning says when it exceeded
         its target by more than ``FINAL_PHASE_GAP``.
     :param history: the run's history (``TrainResult.history``) when ``model`` is not a ``TrainResult``.
-    :returns: ``{"target_density", "test_time_density", "test_time_density_per_layer", "warnings"}``
-        (and ``"multipliers"`` when known): the target (a float, or ``{layer: target}`` with
-        ``per_layer``), the test-time density of the network and of each gated layer
-        (:func:`~l0bayes.nn.density.test_time_density`, keyed by :func:`~l0bayes.nn.density.density_names`),
-        and a list of one-line warnings: a constraint more than ``tolerance`` off its target, a layer with no
-        gate open, a final phase that started far above the target.
+    :param input_shape: one example's shape, for the FLOP fraction (a model of
+        :func:`~l0bayes.pruning.sparsify` knows its own).
+    :returns: ``{"target_density" or "target_flops", "test_time_density", "test_time_density_per_layer",
+        "test_time_flops" (when the input shape is known), "warnings"}`` (and ``"multipliers"`` when known):
+        the target (a float, or ``{layer: target}`` with ``per_layer``); the fraction of the dense model's
+        parameters that :func:`~l0bayes.pruning.prune` keeps (:func:`~l0bayes.pruning.test_time_density`),
+        overall and of each gated layer's own (keyed by :func:`~l0bayes.nn.density.density_names`); the
+        fraction of its FLOPs per example; and one-line warnings: a constraint more than ``tolerance`` off
+        its target, a layer with no gate open, a final phase that started far above the target.
     """
     if not isinstance(model, torch.nn.Module) and hasattr(model, "history") and hasattr(model, "model"):
         history = model.history if history is None else history
         multipliers = model.multipliers if multipliers is None else multipliers
         model = model.model
+    if (target_density is None) == (target_flops is None):
+        raise ValueError("constrained_summary needs exactly one of target_density and target_flops")
     if density_at_final_phase is None and history:
         started = [r["density_at_final_phase"] for r in history if r.get("density_at_final_phase") is not None]
         density_at_final_phase = started[-1] if started else None
     names = density_names(model)
-    overall = test_time_density(model)
-    layers = test_time_density(model, per_layer=True)
+    size = network_size(model, input_shape)
+    overall = size.fraction("parameters", "test")
+    layers = size.fraction("parameters", "test", per_layer=True)
+    flops = size.fraction("flops", "test") if size.calls is not None else None
+    what = "parameters" if target_flops is None else "flops"
+    if what == "flops" and flops is None:
+        raise ValueError("a FLOP target needs input_shape: the shape of one example, without the batch dimension")
+    target = target_density if target_flops is None else target_flops
+    achieved_all = overall if what == "parameters" else flops
+    achieved_layers = layers if what == "parameters" else size.fraction("flops", "test", per_layer=True)
     warnings = []
     if per_layer:
-        targets = torch.as_tensor(target_density, dtype=torch.float64).reshape(-1).expand(len(names)).tolist()
+        targets = torch.as_tensor(target, dtype=torch.float64).reshape(-1).expand(len(names)).tolist()
         target_out = dict(zip(names, targets, strict=True))
-        checks = [(f"layer {n}", layers[n], t) for n, t in target_out.items()]
+        checks = [(f"layer {n}", achieved_layers[n], t) for n, t in target_out.items()]
     else:
-        target_out = float(target_density)
-        checks = [("network", overall, target_out)]
-    for what, achieved, target in checks:
-        if abs(achieved - target) > tolerance:
+        target_out = float(target)
+        checks = [("network", achieved_all, target_out)]
+    for where, achieved, t in checks:
+        if abs(achieved - t) > tolerance:
             warnings.append(
-                f"{what}: test-time density {achieved:.3f} is more than {tolerance:g} off its target {target:.3f}"
+                f"{where}: the pruned model keeps {achieved:.3f} of the {_word(what)}, more than {tolerance:g} "
+                f"off its target {t:.3f}"
             )
-    warnings += [f"layer {n} ended empty: no gate is open at test time" for n, d in layers.items() if d == 0]
+    open_gates = test_time_gate_density(model, per_layer=True)
+    warnings += [f"layer {n} ended empty: no gate is open at test time" for n, d in open_gates.items() if d == 0]
     if density_at_final_phase is not None:
         started = torch.as_tensor(density_at_final_phase, dtype=torch.float64).reshape(-1).tolist()
         far = _largest_gap(started, [t for _, _, t in checks])
         if far is not None:
             d, t = far
             warnings.append(
-                f"the final phase started at expected density {d:.3f} against the target {t:.3f}: "
+                f"the final phase started at expected {_word(what)} {d:.3f} against the target {t:.3f}: "
                 "more epochs or a larger multiplier_lr would let the Lagrangian get there first"
             )
     out = {
-        "target_density": target_out,
+        ("target_density" if what == "parameters" else "target_flops"): target_out,
         "test_time_density": overall,
         "test_time_density_per_layer": layers,
         "warnings": warnings,
     }
+    if flops is not None:
+        out["test_time_flops"] = flops
     if multipliers is not None:
         out["multipliers"] = torch.as_tensor(multipliers).detach().cpu().tolist()
     return out
@@ -462,19 +637,24 @@ def constrained_summary(
 
 def constrained_rows(summary):
     """``(label, text)`` rows for a results table from :func:`constrained_summary`."""
-    target = summary["target_density"]
+    key = "target_density" if "target_density" in summary else "target_flops"
+    target = summary[key]
     layers = summary["test_time_density_per_layer"]
     if isinstance(target, dict):
         target_text = ", ".join(f"{k} {v:.3g}" for k, v in target.items())
     else:
         target_text = f"{target:.3g}"
     rows = [
-        ("target density", target_text),
+        ("target " + ("density (parameters)" if key == "target_density" else "FLOPs"), target_text),
         (
-            "test-time density (Eq. 13)",
-            f"{summary['test_time_density']:.4f}  (" + ", ".join(f"{k} {v:.4f}" for k, v in layers.items()) + ")",
+            "pruned model's parameters",
+            f"{summary['test_time_density']:.4f} of dense  ("
+            + ", ".join(f"{k} {v:.4f}" for k, v in layers.items())
+            + ")",
         ),
     ]
+    if "test_time_flops" in summary:
+        rows.append(("pruned model's FLOPs", f"{summary['test_time_flops']:.4f} of dense"))
     if "multipliers" in summary:
         rows.append(("multipliers", ", ".join(f"{m:.4g}" for m in summary["multipliers"])))
     return rows

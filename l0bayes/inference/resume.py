@@ -33,12 +33,21 @@ def resume_point(state, checkpoint, estimator, epochs):
     if done >= epochs or not isinstance(saved, dict) or saved.get("name") != estimator.name:
         return state  # nothing to train, or another objective (refused when its state is loaded)
     began = _final_phase_began(state)
-    if began == begins or (began is None and (begins is None or done <= begins)):
-        return state
     kept = state.get(BEFORE_FINAL_PHASE)
-    if began is not None and (begins is None or began < begins) and kept is not None:
-        return kept
-    where = f"its final phase begins at epoch {begins + 1}" if begins is not None else "it has no final phase"
+    # The gates are fixed at the first epoch from `begins` on at which the Lagrangian has arrived, or at the last.
+    # The checkpoint's run decided at every epoch from its own earliest start (`checked_from`) on; where this run
+    # would decide at an epoch the other did not check, or the other was forced by its last epoch, it cannot
+    # continue from the checkpoint as it is.
+    checked_from = saved.get("checked_from")  # (absent from checkpoints of earlier versions, and without a final phase)
+    same_checks = begins is None or (checked_from is not None and checked_from <= begins)
+    forced = bool(saved.get("forced", False))
+    if began is None and (begins is None or done <= begins or same_checks):
+        return state
+    if began is not None and not forced and begins is not None and begins <= began and (began == begins or same_checks):
+        return state
+    if began is not None and kept is not None and (begins is None or began < begins or same_checks):
+        return kept  # the run when its final phase began: this run decides there anew
+    where = f"its final phase may begin from epoch {begins + 1}" if begins is not None else "it has no final phase"
     if began is None:  # the checkpoint went past this run's final phase without one (a shorter run)
         why = f"the checkpoint is at epoch {done} and its gates were not fixed yet"
         hint = _fewest_epochs(estimator, done)
@@ -53,7 +62,7 @@ def resume_point(state, checkpoint, estimator, epochs):
         hint = _fewest_epochs(estimator, began)
     raise ValueError(
         f"cannot resume from {checkpoint!r} with epochs={epochs}: the constrained objective fixes the gates for "
-        f"the last final_phase={estimator.final_phase:g} of the epochs, so with {epochs} epochs {where}, but {why}; "
+        f"at most the last final_phase={estimator.final_phase:g} of the epochs, so with {epochs} epochs {where}, but {why}; "
         f"resuming could not give the run of {epochs} epochs. Resume with {hint}, or train anew"
     )
 

@@ -32,7 +32,7 @@ from .device import resolve_device
 from .distributed import DataParallelContext, seed_everything
 from .errors import NonFiniteLossError
 from .loop import Run, fit
-from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, make_objective
+from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, RANK, make_objective
 from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr
 from .resume import check_signature, resume_point, run_signature
 
@@ -60,6 +60,8 @@ def train(
     seed=0,
     test_data=None,
     target_density=None,
+    target_flops=None,
+    rank=RANK,
     per_layer=False,
     multiplier_lr=None,
     dual_restarts=DUAL_RESTARTS,
@@ -94,17 +96,20 @@ def train(
     :param num_data: ``N`` for an iterable of batches that is not a ``DataLoader`` over a sized dataset.
     :param str objective: ``"bayes"``: SVI on the free energy of Eq. 21 with
         ``TraceMeanField_ELBO`` (analytic gate KL, code cost as a factor); ``"penalized"``:
-        Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to a density of at most
-        ``target_density`` (one global constraint, or one per gated layer with ``per_layer=True``, where
-        ``target_density`` may list one target per layer):
-        :class:`~l0bayes.inference.objectives.ConstrainedObjective`. A Lagrangian on the expected density
-        (projected gradient ascent on the multipliers, step ``multiplier_lr``, by default ``3 * lr``: Adam moves a
-        ``log_alpha`` by at most about ``lr`` per step, and the multiplier moves on the same time scale; with
-        ``dual_restarts``
-        resetting a multiplier to zero whenever its constraint holds), then, for the last
-        ``final_phase`` fraction of the epochs, fixed gates that meet the target at test time while the
-        weights go on training. The history records the expected and the test-time density
-        (``constraint``, ``test_time_density``, ``test_time_density_per_layer``) and the multipliers.
+        Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to the pruned model keeping at most
+        ``target_density`` of the dense model's parameters, or ``target_flops`` of its FLOPs per example
+        (counted as :func:`~l0bayes.pruning.prune` removes: :mod:`l0bayes.pruning.size`); one global
+        constraint, or one per gated layer with ``per_layer=True``, where the target may list one per layer:
+        :class:`~l0bayes.inference.objectives.ConstrainedObjective`. A Lagrangian on the expected fraction
+        under :math:`q` (projected gradient ascent on the multipliers, step ``multiplier_lr``, by default
+        ``3 * lr``: Adam moves a ``log_alpha`` by at most about ``lr`` per step, and the multiplier moves on the
+        same time scale; with ``dual_restarts`` resetting a multiplier to zero whenever its constraint holds),
+        then fixed gates that meet the target in the pruned model while the weights go on training: for at most
+        the last ``final_phase`` fraction of the epochs, from the first of them at which the expected fraction
+        is within 0.02 of the target (at the last epoch at the latest, with a warning saying how many more
+        epochs it needed). ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). The history records
+        the expected fraction (``constraint``), the pruned model's (``test_time_density``,
+        ``test_time_density_per_layer``, ``test_time_flops`` when the input shape is known) and the multipliers.
     :param device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
     :param int seed: seeds torch, numpy and Python; runs are reproducible. A whole number in ``[0, 2**64)``.
     :param test_data: optional ``(x_test, y_test)``; the test error is recorded each epoch.
@@ -116,7 +121,8 @@ def train(
         phase begins later in a longer run, so a checkpoint written during it also keeps the state of the run
         when it began, and a longer run continues from there; a resume that could not be exact, e.g. fewer
         epochs past a final phase, is a ``ValueError`` saying which ``epochs`` would be.)
-    :param input_shape: input shape (without batch) for the expected FLOPs of a gated network.
+    :param input_shape: input shape (without batch) for the expected FLOPs of a gated network (recorded each
+        epoch) and for ``target_flops``; the constrained objective takes it from ``x`` when ``x`` is a tensor.
     :param distributed: data-parallel training under ``torchrun`` (see :mod:`l0bayes.inference.distributed`):
         ``None`` (default) uses ``DistributedDataParallel`` whenever there are several processes;
         ``batch_size`` is then the global minibatch, each rank takes its ``DistributedSampler`` shard
@@ -225,7 +231,14 @@ def _build_run(model, x, y, a, ddp):
     optimizer, schedule, settings = _build_optimizer(model, a["lr"], a["optimizer"], a["scheduler"])
     gate_step = settings.pop("gate_lr")  # not part of the signature: the optimiser's description holds it
     multiplier_lr = MULTIPLIER_LR_PER_LR * gate_step if a["multiplier_lr"] is None else a["multiplier_lr"]
-    constrained = {k: a[k] for k in ("target_density", "per_layer", "dual_restarts", "final_phase")}
+    constrained = {
+        k: a[k] for k in ("target_density", "target_flops", "rank", "per_layer", "dual_restarts", "final_phase")
+    }
+    if a["objective"] == "constrained":
+        shape = a["input_shape"]
+        if shape is None and torch.is_tensor(x):
+            shape = tuple(x.shape[1:])
+        constrained["input_shape"] = shape
     objective = make_objective(a["objective"], model, batches.num_data, multiplier_lr=multiplier_lr, **constrained)
     step = _step(ddp.wrap(model), CompiledStep(objective) if a["compile"] else objective.step, ddp)
     run = Run(model, optimizer, objective, batches, step, int(a["epochs"]), batches.num_data, ddp.device)

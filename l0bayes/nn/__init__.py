@@ -1,7 +1,7 @@
 """Neural-network building blocks with hard concrete gates (Sections 2.3-2.4).
 
-Gates, gated layers, the paper's networks, the penalties of Eq. 9 and 15-17 and the density of a gated
-network. Pruning (``sparsify``, ``prune``, the FLOP counts, ``save_pruned``) lives one floor up, in
+Gates, gated layers, the paper's networks, the penalties of Eq. 9 and 15-17 and the gate-level density of
+a gated network. Pruning (``sparsify``, ``prune``, the FLOP counts, the density the pruned model keeps, ``save_pruned``) lives one floor up, in
 :mod:`l0bayes.pruning`; its names still import from here, as do the modules ``l0bayes.nn.sparsify``,
 ``l0bayes.nn.prune``, ``l0bayes.nn.dependency`` and ``l0bayes.nn.export`` that held them.
 """
@@ -10,7 +10,7 @@ import importlib
 import sys
 import types
 
-from .density import architecture, expected_density, test_time_density
+from .density import architecture, expected_gate_density, test_time_gate_density
 from .gates import (
     HardConcreteGate,
     gate_prior,
@@ -28,6 +28,10 @@ from .wrn import WideResNet
 # The names that moved to l0bayes.pruning, imported from there on first use: l0bayes.pruning builds on
 # this package, so importing it here would be a cycle.
 _MOVED = (
+    "expected_density",
+    "expected_flops_fraction",
+    "test_time_density",
+    "test_time_flops_fraction",
     "GatedLayer",
     "Group",
     "GroupGate",
@@ -64,12 +68,12 @@ __all__ = [
     "LeNet5",
     "lenet5_flat_size",
     "architecture",
-    "expected_density",
+    "expected_gate_density",
     "expected_l0",
     "expected_l2",
     "l0_layers",
     "penalty",
-    "test_time_density",
+    "test_time_gate_density",
     "WideResNet",
     *_MOVED,
 ]

@@ -1,14 +1,16 @@
-r"""Density of a gated network: the fraction of its gated parameters that are active.
+r"""Gate-level density of a gated network: the fraction of its gated groups' parameters whose gates are open.
 
-Two measures of the same quantity (see the "Constrained sparsity" section of ``docs/mathematics.md``):
+Each gate counts alone, whatever the other layers do (see "Constrained sparsity" in ``docs/mathematics.md``):
 
-* the **expected density** :math:`\sum_g |g|\, q(z_g \ne 0) / |\theta|` (Eq. 12, 16), what the
-  Lagrangian of the constrained objective differentiates;
-* the **test-time density** :math:`\sum_g |g|\, \mathbb 1[\hat z_g > 0] / |\theta|` with the
-  deterministic gate :math:`\hat z` of Eq. 13: the fraction of gated parameters the pruned network
-  keeps, the number a target density promises.
+* the **expected gate density** :math:`\sum_g |g|\, q(z_g \ne 0) / \sum_g |g|` (Eq. 12, 16), the
+  expected :math:`L_0` norm of Eq. 16 as a fraction;
+* the **test-time gate density** :math:`\sum_g |g|\, \mathbb 1[\hat z_g > 0] / \sum_g |g|` with the
+  deterministic gate :math:`\hat z` of Eq. 13.
 
-:math:`|\theta|` counts the gated parameters (every group of every gate), globally or per gated layer.
+These are *not* the fraction of parameters the pruned model keeps: an open input column of layer
+:math:`k` whose output units layer :math:`k+1` closed is counted here but removed by
+:func:`~l0bayes.pruning.prune`. The density a target promises, counted as the pruned model keeps it,
+is :func:`l0bayes.pruning.expected_density` / :func:`l0bayes.pruning.test_time_density`.
 :func:`architecture` gives the open gates themselves, layer by layer, as Table 1 writes them.
 """
 
@@ -17,7 +19,7 @@ import torch
 from .gates import gates_of
 from .penalty import l0_layers
 
-__all__ = ["architecture", "density_names", "expected_density", "test_time_density"]
+__all__ = ["architecture", "density_names", "expected_gate_density", "test_time_gate_density"]
 
 
 def density_names(module):
@@ -47,8 +49,8 @@ def _gates(module):
     return gates
 
 
-def expected_density(module, per_layer=False):
-    r"""Expected fraction of active gated parameters, :math:`\sum_g |g|\, q(z_g \ne 0) / |\theta|` (Eq. 12, 16).
+def expected_gate_density(module, per_layer=False):
+    r"""Expected fraction of gated parameters whose gate is open, :math:`\sum_g |g|\, q(z_g \ne 0) / |\theta|` (Eq. 12, 16).
 
     Differentiable in every ``log_alpha``.
 
@@ -63,11 +65,12 @@ def expected_density(module, per_layer=False):
 
 
 @torch.no_grad()
-def test_time_density(module, per_layer=False):
-    r"""Fraction of gated parameters kept at test time, :math:`\sum_g |g|\,\mathbb 1[\hat z_g > 0] / |\theta|`.
+def test_time_gate_density(module, per_layer=False):
+    r"""Fraction of gated parameters whose Eq. 13 gate is open, :math:`\sum_g |g|\,\mathbb 1[\hat z_g > 0] / \sum_g |g|`.
 
-    :math:`\hat z_g` is the deterministic gate of Eq. 13 (``gate.active()``); a group is kept when its
-    gate is open. This is exactly the fraction of gated weights that :func:`~l0bayes.pruning.prune` keeps.
+    :math:`\hat z_g` is the deterministic gate of Eq. 13 (``gate.active()``). Each gate counts alone:
+    this is an upper bound on, not the value of, the fraction of gated weights that
+    :func:`~l0bayes.pruning.prune` keeps (:func:`l0bayes.pruning.test_time_density` is that value).
 
     :param per_layer: ``False``: a float for the whole network; ``True``: ``{layer name: density}``
         in registration order (names from :func:`density_names`).

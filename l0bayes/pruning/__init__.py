@@ -5,19 +5,30 @@
 * :func:`prune` removes the closed groups: along an ``nn.Sequential`` of L0 layers
   (:mod:`~l0bayes.pruning.sequential`), or through the dependency graph of a sparsified model
   (:mod:`~l0bayes.pruning.dependency`), residual connections included.
-* :func:`count_parameters`, :func:`flops`, :func:`expected_flops` and :class:`PruneReport`: the sizes of
-  Table 1 and Fig. 3.
+* :func:`count_parameters`, :func:`flops` and :class:`PruneReport`: the sizes of Table 1 and Fig. 3;
+  :class:`NetworkSize`, :func:`expected_density`, :func:`test_time_density`, :func:`expected_flops`,
+  :func:`expected_flops_fraction` and :func:`test_time_flops_fraction`: what the pruned model keeps,
+  counted as :func:`prune` removes (:mod:`~l0bayes.pruning.size`), in expectation under :math:`q` and at test time.
 * :func:`save_pruned` / :func:`load_pruned`: a pruned network as tensors and a list of layers, loaded
   without running code; :func:`for_inference` prepares it for CPU inference.
 
 These names were first in :mod:`l0bayes.nn`, and still import from there.
 """
 
-from .counting import count_parameters, expected_flops, flops
+from .counting import count_parameters, flops
 from .export import fold_batch_norm, for_inference, load_pruned, save_pruned
 from .prune import prune
 from .report import PruneReport
 from .select import SelectFeatures
+from .size import (
+    NetworkSize,
+    expected_density,
+    expected_flops,
+    expected_flops_fraction,
+    network_size,
+    test_time_density,
+    test_time_flops_fraction,
+)
 from .sparsify import GatedLayer, Group, GroupGate, sparsify, strip_gates
 from .wrn import l0_wide_resnet
 
@@ -25,17 +36,23 @@ __all__ = [
     "GatedLayer",
     "Group",
     "GroupGate",
+    "NetworkSize",
     "PruneReport",
     "SelectFeatures",
     "count_parameters",
+    "expected_density",
     "expected_flops",
+    "expected_flops_fraction",
     "flops",
     "fold_batch_norm",
     "for_inference",
     "l0_wide_resnet",
     "load_pruned",
+    "network_size",
     "prune",
     "save_pruned",
     "sparsify",
     "strip_gates",
+    "test_time_density",
+    "test_time_flops_fraction",
 ]

@@ -1,8 +1,8 @@
-r"""The size and cost of a network, gated, sparsified or pruned: parameters and FLOPs (Table 1 and Fig. 3).
+r"""The size and cost of a network as it is: parameters and FLOPs of one forward pass (Table 1).
 
-:func:`flops` counts a forward pass exactly; :func:`expected_flops` counts it under the gates'
-:math:`q(z \ne 0)` (Eq. 12), the training-time cost of Fig. 3, following the units that
-:func:`~l0bayes.pruning.prune` can remove.
+:func:`count_parameters` and :func:`flops` count a module exactly as it stands (a gated network as its
+dense counterpart, a pruned one as its smaller layers). What a gated network *keeps* once pruned, in
+expectation under :math:`q` or with the Eq. 13 gates, is :mod:`l0bayes.pruning.size`.
 """
 
 import math
@@ -11,12 +11,10 @@ import torch
 from torch import nn
 
 from ..nn.gates import HardConcreteGate
-from ..nn.layers import L0Conv2d, L0Linear
-from .dependency import structure
-from .sequential import CONV, WEIGHT, in_units, leaves, out_units, segments
-from .sparsify import _probe_forward, is_sparsified
+from .sequential import CONV, WEIGHT, in_units, out_units
+from .sparsify import _probe_forward
 
-__all__ = ["count_parameters", "expected_flops", "flops"]
+__all__ = ["count_parameters", "flops"]
 
 
 def count_parameters(module, include_gates=False):
@@ -76,98 +74,3 @@ def flops(module, input_shape):
         n_in = in_units(layer) // (layer.groups if isinstance(layer, nn.Conv2d) else 1)
         total += _layer_flops(layer, n_in, out_units(layer), _positions(layer, out_shape))
     return int(total)
-
-
-def expected_flops(module, input_shape):
-    r"""Expected FLOPs of one forward pass under the gates' :math:`q(z \ne 0)` (Eq. 12), as in Fig. 3.
-
-    Same counting as :func:`flops`, with the numbers of active input and output units of each
-    weight layer replaced by their expectations, assuming independent gates:
-    ``2 * E[active in] * kh * kw * E[active out] * H_out * W_out + E[active out] * H_out * W_out``
-    (``kh = kw = H_out = W_out = 1`` for a linear layer). The probabilities follow the rules of
-    :func:`~l0bayes.pruning.prune`: an input unit is active with probability q(its own input gate) * q(the gate of
-    the conv map it comes from); an output unit with probability q(its map's gate) *
-    P(at least one of the inputs it feeds is open); network inputs and outputs, and ungated
-    units, count with probability 1. With gates that are almost surely 0 or 1 this equals
-    ``flops(prune(module), input_shape)``. Returns a differentiable 0-d tensor (it can be penalised).
-
-    For a model of :func:`~l0bayes.pruning.sparsify` the same counting follows the units that
-    :func:`prune` can remove (:func:`l0bayes.pruning.dependency.structure`): a removable output channel
-    is active with its gate's :math:`q(z \ne 0)` in its layer and in every layer that reads it, a
-    gated input neuron of a linear layer with its own :math:`q`; all other units count with probability 1.
-    """
-    if is_sparsified(module):
-        return _expected_flops_graph(module, input_shape)
-    out_shapes = {}
-    for layer, out_shape in _trace(module, input_shape):
-        if id(layer) in out_shapes:
-            raise NotImplementedError("expected_flops: a layer called more than once is not supported")
-        out_shapes[id(layer)] = out_shape
-    layers = leaves(module)
-    e_in, e_out = {}, {}
-    for seg in segments(layers):
-        prod = layers[seg.producer][1] if seg.producer is not None else None
-        cons = layers[seg.consumer][1] if seg.consumer is not None else None
-        p_open = prod.prob_nonzero() if isinstance(prod, L0Conv2d) and seg.zero_preserving else None
-        p_need = cons.prob_nonzero() if isinstance(cons, L0Linear) else None
-        if prod is not None:
-            n = out_units(prod)
-            p = torch.ones(n, dtype=prod.weight.dtype, device=prod.weight.device)
-            if cons is not None:
-                if p_open is not None:
-                    p = p * p_open
-                if p_need is not None:
-                    p = p * (1.0 - torch.prod(1.0 - p_need.view(n, seg.hw), dim=1))
-            e_out[seg.producer] = p.sum()
-        if cons is not None:
-            p = torch.ones(in_units(cons), dtype=cons.weight.dtype, device=cons.weight.device)
-            if p_need is not None:
-                p = p * p_need
-            if p_open is not None:
-                p = p * p_open.repeat_interleave(seg.hw)
-            e_in[seg.consumer] = p.sum()
-    p = next(module.parameters())
-    total = torch.zeros((), dtype=p.dtype, device=p.device)
-    for i, (_, layer) in enumerate(layers):
-        if isinstance(layer, WEIGHT):
-            total = total + _layer_flops(layer, e_in[i], e_out[i], _positions(layer, out_shapes[id(layer)]))
-    return total
-
-
-def _expected_flops_graph(module, input_shape):
-    calls = _trace(module, input_shape)
-    names = {id(m): n for n, m in module.named_modules()}
-    p = next(module.parameters())
-    x = torch.zeros((1, *((int(input_shape),) if isinstance(input_shape, int) else input_shape)), dtype=p.dtype)
-    factors = {}  # (layer name, "in" / "out") -> tensor of activity probabilities
-
-    def scale(name, side, idxs, q):
-        layer = module.get_submodule(name)
-        n = in_units(layer) if side == "in" else out_units(layer)
-        current = factors.get((name, side), torch.ones(n, dtype=q.dtype, device=q.device))
-        idx = torch.as_tensor(idxs, dtype=torch.long, device=q.device)
-        factors[(name, side)] = current * torch.ones_like(current).index_copy(0, idx, q)
-
-    for unit, items in structure(module, (x.to(p.device),)):
-        q = unit.layer.prob_nonzero()
-        if unit.kind == "in":
-            scale(unit.root, "in", list(range(q.numel())), q)
-        if items is None:
-            continue
-        for name, item in items:
-            target = item.dep.target.module
-            if not isinstance(target, WEIGHT) or name is None:
-                continue
-            root = torch.as_tensor(item.root_idxs, dtype=torch.long, device=q.device)
-            side = "out" if item.dep.handler.__name__ == "prune_out_channels" else "in"
-            if unit.kind == "out" or (side == "out" and len(item.idxs) == q.numel()):
-                if not (unit.kind == "in" and name == unit.root):
-                    scale(name, side, list(item.idxs), q[root])
-    total = torch.zeros((), dtype=p.dtype, device=p.device)
-    for layer, out_shape in calls:
-        name = names[id(layer)]
-        groups = layer.groups if isinstance(layer, nn.Conv2d) else 1
-        e_in = factors[(name, "in")].sum() if (name, "in") in factors else in_units(layer)
-        e_out = factors[(name, "out")].sum() if (name, "out") in factors else out_units(layer)
-        total = total + _layer_flops(layer, e_in / groups, e_out, _positions(layer, out_shape))
-    return total

@@ -7,7 +7,8 @@ from torch import nn
 
 from ..nn.density import architecture
 from ..threads import under_thread_policy
-from .counting import count_parameters, expected_flops, flops
+from .counting import count_parameters, flops
+from .size import expected_flops
 from .prune import prune
 
 __all__ = ["PruneReport"]

@@ -37,7 +37,10 @@ class Checkpointing(Callback):
         return self.ddp.gather(rng_state()) if self.ddp.enabled else None
 
     def on_epoch_start(self, run):
-        if run.epoch == run.objective.final_phase_start(run.epochs):
+        start = run.objective.final_phase_start(run.epochs)
+        # Every epoch at which the objective may fix its gates (it decides after this hook): the last one kept
+        # is the state when the final phase began.
+        if start is not None and run.epoch >= start and run.objective.final_phase_began is None:
             rank_rng = self._rank_rng()  # (every rank takes part)
             if run.is_main:
                 self.before_final = _cpu_copy(self.state(run, run.epoch, rank_rng))

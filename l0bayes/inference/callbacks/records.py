@@ -71,7 +71,7 @@ def full_record(run, train_subset, test_data=None, input_shape=None):
     if test_data is not None:
         record.update(test_metrics(model, test_data, device))
     if input_shape is not None:
-        from ...pruning.counting import expected_flops
+        from ...pruning.size import expected_flops
 
         with torch.no_grad():
             record["expected_flops"] = float(expected_flops(getattr(model, "net", model), input_shape))
