@@ -502,3 +502,26 @@ def test_final_phase_warning_per_layer():
     summary = constrained_summary(net, [0.5, 0.5, 0.5], per_layer=True, density_at_final_phase=[0.55, 0.9, 0.5])
     line = "final phase started at expected density 0.900 against the target 0.500"
     assert sum(line in w for w in summary["warnings"]) == 1
+
+
+def test_a_target_no_cut_can_meet_is_said_in_one_line():
+    # Only the head's inputs can be removed: the stem's and the block's channels enter a residual addition.
+    from torch import nn
+
+    from l0bayes.pruning import sparsify
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(1, 6, 3, padding=1)
+            self.block = nn.Sequential(nn.Conv2d(6, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU())
+            self.head = nn.Linear(6, 3)
+
+        def forward(self, x):
+            h = torch.relu(self.stem(x))
+            return self.head((h + self.block(h)).mean((2, 3)))
+
+    net = sparsify(Residual(), example_inputs=torch.randn(2, 1, 8, 8))
+    objective = ConstrainedObjective(net, 10, target_density=0.6)
+    with pytest.warns(UserWarning, match=r"target density 0.600 cannot be met.*keeps 0.96"):
+        objective.keep_masks()

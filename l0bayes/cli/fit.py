@@ -108,6 +108,7 @@ def _train(cfg, run, model, data, targets, resume, main_process):
             seed=cfg["seed"],
             test_data=(data.x_test, y_test),
             target_density=cfg["target_density"],
+            target_flops=cfg.get("target_flops"),
             per_layer=bool(cfg["per_layer"]),
             checkpoint=run.file("checkpoint.pt"),
             resume=resume,
@@ -179,7 +180,7 @@ def _finish(cfg, run, data, result, wall):
     summary["history"] = history
     summary["last"] = history[-1] if history else None
     extra_rows, extra_summary, warnings = objective_details(
-        cfg, result.model, result.multipliers, history[-1] if history else None
+        cfg, result.model, result.multipliers, history[-1] if history else None, data.input_shape
     )
     dev = f"{device}" + (
         f" (threads={torch.get_num_threads()})" if device.type == "cpu" else f" ({torch.cuda.get_device_name(device)})"

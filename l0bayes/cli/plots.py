@@ -138,9 +138,11 @@ def _density_panel(ax, history, epochs):
     records = [r for r in history if r.get(DENSITY_PANEL[0]) is not None]
     first = records[0]
     count = len(first["constraint"])
-    targets = first["target_density"]
+    flops = "target_flops" in first  # the constraint is on FLOPs: draw the pruned model's FLOP fraction
+    targets = first["target_flops"] if flops else first["target_density"]
     targets = [float(t) for t in targets] if isinstance(targets, list | tuple) else [float(targets)] * count
-    per_layer = list(first.get("test_time_density_per_layer") or {})
+    key = "test_time_flops" if flops else "test_time_density"
+    per_layer = list(first.get(f"{key}_per_layer") or {})
     per_layer = per_layer if count > 1 and len(per_layer) == count else None
     x = [r["epoch"] for r in records]
     one_target = len(set(targets)) == 1
@@ -148,9 +150,9 @@ def _density_panel(ax, history, epochs):
     for k in range(count):
         colour = f"C{k}" if count > 1 else "C0"
         if per_layer:
-            test_time = [r["test_time_density_per_layer"][per_layer[k]] for r in records]
+            test_time = [r[f"{key}_per_layer"][per_layer[k]] for r in records]
         else:
-            test_time = [r.get("test_time_density") for r in records]
+            test_time = [r.get(key) for r in records]
         ax.plot(x, [r["constraint"][k] for r in records], color=colour)
         ax.plot(x, [float("nan") if v is None else v for v in test_time], color=colour, ls=":")
         if not one_target:

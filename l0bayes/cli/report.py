@@ -47,11 +47,13 @@ def lam_text(cfg):
 def goal_text(cfg):
     """What the run was asked for: the target density of a constrained run, else the code cost."""
     if cfg["objective"] == "constrained":
+        if cfg.get("target_flops") is not None:
+            return f"target FLOPs {cfg['target_flops']:g}" + (" per layer" if cfg["per_layer"] else "")
         return f"target density {cfg['target_density']:g}" + (" per layer" if cfg["per_layer"] else "")
     return f"lambda {lam_text(cfg)}"
 
 
-def objective_details(cfg, model, multipliers=None, last_record=None):
+def objective_details(cfg, model, multipliers=None, last_record=None, input_shape=None):
     """Extra rows and warnings of the objective, as ``(rows, summary entries, warnings)``.
 
     The single place for the constrained objective's summary: target and test-time density, per layer, and
@@ -66,8 +68,15 @@ def objective_details(cfg, model, multipliers=None, last_record=None):
 
     net = getattr(model, "net", model)
     started = (last_record or {}).get("density_at_final_phase")
+    shape = input_shape if cfg["model"] in ("mlp", "lenet5") else None
     summary = constrained_summary(
-        net, cfg["target_density"], bool(cfg["per_layer"]), multipliers, density_at_final_phase=started
+        net,
+        cfg["target_density"],
+        bool(cfg["per_layer"]),
+        multipliers,
+        density_at_final_phase=started,
+        target_flops=cfg.get("target_flops"),
+        input_shape=shape,
     )
     return constrained_rows(summary), summary, summary["warnings"]
 

@@ -347,7 +347,20 @@ class ConstrainedObjective(Objective):
     def keep_masks(self):
         """The gates kept in the final phase: greedily by rank, each group that keeps the pruned model within target."""
         scores = [_scores(layer, gate, self.rank) for layer, gate in zip(self.layers, self.gates, strict=True)]
-        return _fit_groups(self.size, self.layers, scores, self.what, self.target_values, self.per_layer)
+        masks = _fit_groups(self.size, self.layers, scores, self.what, self.target_values, self.per_layer)
+        values = {id(layer): m.double() for layer, m in zip(self.layers, masks, strict=True)}
+        achieved = self.size.fraction_at(values, self.what, self.per_layer)
+        over = [(a, t) for a, t in zip(achieved, self.target_values, strict=True) if a > t + 1e-12]
+        if over:
+            a, t = max(over, key=lambda g: g[0] - g[1])
+            warnings.warn(
+                f"constrained: the target {_word(self.what)} {t:.3f} cannot be met: with one group per gated layer "
+                f"the pruned model still keeps {a:.3f} (what no gate can remove: ungated layers, channels that "
+                "enter a residual addition); lower the target's ambition or gate more layers",
+                UserWarning,
+                stacklevel=8,
+            )
+        return masks
 
     @torch.no_grad()
     def finalize_parameters(self):
