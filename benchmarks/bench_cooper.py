@@ -23,7 +23,7 @@ import torch
 from l0bayes.data import load_dataset
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP
-from l0bayes.nn.density import expected_density
+from l0bayes.pruning import expected_density
 
 TARGET, MULTIPLIER_LR, LR = 0.3, 0.03, 1e-2
 

@@ -50,7 +50,7 @@ from l0bayes.data import load_dataset
 from l0bayes.inference import constrained_summary, train
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, L0LeNet5, architecture, gates_of
-from l0bayes.nn.density import test_time_density
+from l0bayes.nn.density import test_time_gate_density
 from l0bayes.pruning import count_parameters, flops, prune, sparsify
 
 MODELS = ("mlp", "lenet5", "resnet")
@@ -177,8 +177,8 @@ def measure(net, settings, x_test, y_test):
         "pruned_sizes": sizes,
         "open_gates": open_gates,
         "emptied": [name for name, n in open_gates.items() if n == 0],
-        "test_time_density": test_time_density(net),
-        "test_time_density_per_layer": test_time_density(net, per_layer=True),
+        "gate_density": test_time_gate_density(net),
+        "gate_density_per_layer": test_time_gate_density(net, per_layer=True),
     }
 
 
@@ -270,7 +270,10 @@ def parse_variant(text):
         key, value = item.split("=")
         out[key] = {"true": True, "false": False}.get(value.lower(), None)
         if out[key] is None:
-            out[key] = float(value)
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value  # a name, e.g. rank=norm
     return out
 
 
@@ -358,7 +361,7 @@ def summary_rows(runs):
             "params": _mean_sd([f["params_fraction"] for f in finals]),
             "flops": _mean_sd([f["flops_fraction"] for f in finals]),
             "error": _mean_sd([f["test_error"] for f in finals]),
-            "gate_density": _mean_sd([f["test_time_density"] for f in finals]),
+            "gate_density": _mean_sd([f["gate_density"] for f in finals]),
             "architectures": Counter(f["architecture"] for f in finals),
             "emptied": [(m["settings"]["seed"], m["final"]["emptied"]) for m in members if m["final"]["emptied"]],
             "by_seed": {m["settings"]["seed"]: m["final"] for m in members},

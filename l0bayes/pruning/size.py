@@ -134,7 +134,7 @@ class NetworkSize:
                 self.modules[id(m)] = m
         self.gated = [_owner(net, name) for name, _ in gates_of(net)]
         self.gates = [g for _, g in gates_of(net)]
-        self.names = density_names(module)
+        self.names = density_names(module) if self.gates else []
         self._layer_modules = [self._own_modules(layer) for layer in self.gated]
         #: ``True`` when the counts follow prune(); ``False`` for a network prune() cannot walk (e.g. a
         #: regression's gated coefficients, a custom module that is neither a Sequential of L0 layers nor
@@ -256,7 +256,10 @@ class NetworkSize:
         return total
 
     def _like(self, values):
-        v = next(iter(values.values()))
+        v = next(iter(values.values()), None)
+        if v is None:  # a network without gates: its dense counts
+            p = next(self.net.parameters())
+            return torch.zeros((), dtype=p.dtype, device=p.device)
         return v.new_zeros(())
 
     def _parameters_of(self, values, exact, modules=None):
@@ -374,8 +377,6 @@ def _network(module):
     net = getattr(module, "net", None)
     if isinstance(net, nn.Module) and gates_of(net) and len(gates_of(net)) == len(gates_of(module)):
         return net
-    if not gates_of(module):
-        raise ValueError("the module has no HardConcreteGate")
     return module
 
 
@@ -390,12 +391,15 @@ _CACHE = weakref.WeakKeyDictionary()
 def network_size(module, input_shape=None):
     """The :class:`NetworkSize` of ``module``, built once per network and input shape (cached)."""
     net = _network(module)
+    if not gates_of(net) and input_shape is None:
+        raise ValueError("the module has no HardConcreteGate")
     shape = None if input_shape is None else tuple(input_shape) if not isinstance(input_shape, int) else (input_shape,)
     per_net = _CACHE.setdefault(net, {})
     if shape not in per_net:
         per_net[shape] = NetworkSize(module, shape)
     size = per_net[shape]
-    size.names = density_names(module)  # the caller's naming (with or without the model's ``net.``)
+    if size.gates:
+        size.names = density_names(module)  # the caller's naming (with or without the model's ``net.``)
     return size
 
 
