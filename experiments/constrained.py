@@ -398,6 +398,9 @@ def comparison(rows, kind, measure):
             label = f"lam {pen['target']:g}: {100 * err[0]:.2f} ± {100 * err[1]:.2f}% at {frac:.3f}"
             if len(finals) != len(row["seeds"]):
                 label += f" ({len(finals)} seeds)"
+            emptied = sum(bool(f["emptied"]) for f in finals)
+            if emptied:
+                label += f" (emptied layers in {emptied} of {len(finals)})"
             points.append((frac, err[0], label))
         hit = interpolate(points, at) if points else None
         if not points:
