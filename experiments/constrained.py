@@ -182,6 +182,15 @@ def measure(net, settings, x_test, y_test):
     }
 
 
+def _machine():
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return f"{names[0]}, {len(names)} cores" if names else platform.machine()
+    except OSError:
+        return platform.machine()
+
+
 def _commit():
     try:
         here = os.path.dirname(os.path.abspath(__file__))
@@ -220,7 +229,9 @@ def run_one(args, data, name, seed, objective, target=None, target_kind=None, la
         "threads": args.threads,
         "commit": _commit(),
         "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
+        "machine": _machine(),
+        "device": args.device,
+        "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     net = build(settings)
     model = SparseClassifier(net, lam=lam)
@@ -243,14 +254,16 @@ def run_one(args, data, name, seed, objective, target=None, target_kind=None, la
         input_shape=data.input_shape,
         record_every=args.record_every,
         progress=False,
-        device="cpu",
+        device=args.device,
         threads=None,  # the count of --threads
         **kwargs,
     )
     wall = time.perf_counter() - start
-    final = measure(net, settings, data.x_test, data.y_test)
-    final["wall_s"] = wall
+    final = measure(net.cpu(), settings, data.x_test, data.y_test)
+    final["wall_s"] = wall  # training, with the test error every --record-every epochs
     final["s_per_epoch"] = wall / args.epochs
+    final["measure_s"] = time.perf_counter() - start - wall
+    final["load_average_at_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if target_kind == "density":  # the objective's own view: test-time density against its target, warnings
         final["constrained_summary"] = constrained_summary(result, target, per_layer=args.per_layer)
     os.makedirs(os.path.join(args.out, "weights"), exist_ok=True)
@@ -401,6 +414,9 @@ def comparison(rows, kind, measure):
             label = f"lam {pen['target']:g}: {100 * err[0]:.2f} ± {100 * err[1]:.2f}% at {frac:.3f}"
             if len(finals) != len(row["seeds"]):
                 label += f" ({len(finals)} seeds)"
+            emptied = sum(bool(f["emptied"]) for f in finals)
+            if emptied:
+                label += f" (emptied layers in {emptied} of {len(finals)})"
             points.append((frac, err[0], label))
         hit = interpolate(points, at) if points else None
         if not points:
@@ -528,6 +544,7 @@ def main(argv=None):
     parser.add_argument("--variant", type=parse_variant, default=None, help="train() options, e.g. final_phase=0")
     parser.add_argument("--tag", default="")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="auto", help="train() device: auto, cpu or cuda (measured on the CPU)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--summarize-only", action="store_true")
     parser.add_argument("--figure", nargs="*", default=None, help="run names to draw (into OUT/figure.png)")

@@ -110,12 +110,13 @@ def test_flop_targets_need_a_train_that_takes_them(tmp_path, monkeypatch, capsys
     assert "has no target_flops argument" in capsys.readouterr().err
 
 
-def _run(name, objective, seed, params, error, target=None, lam=0.1, kind="density", flops_fraction=None):
+def _run(name, objective, seed, params, error, target=None, lam=0.1, kind="density", flops_fraction=None, emptied=()):
     settings = {"data": "digits", "model": "mlp", "objective": objective, "target": target, "lam": lam,
                 "target_kind": kind if objective == "constrained" else None, "per_layer": False, "seed": seed,
                 "epochs": 100, "lr": 0.01, "batch_size": 100, "variant": {}, "train_subset": None}  # fmt: skip
     final = {"params_fraction": params, "flops_fraction": params if flops_fraction is None else flops_fraction,
-             "test_error": error, "test_time_density": params, "architecture": "1-2-3", "emptied": []}  # fmt: skip
+             "test_error": error, "test_time_density": params, "architecture": "1-2-3",
+             "emptied": list(emptied)}  # fmt: skip
     return {"name": f"{name}-s{seed}", "settings": settings, "final": final}
 
 
@@ -131,7 +132,7 @@ def test_interpolation_in_log_fraction_between_the_bracketing_lambdas():
         _run("mlp-lam0.1", "penalized", 0, 0.7, 0.01),
         _run("mlp-lam0.1", "penalized", 1, 0.9, 0.03),
         _run("mlp-lam1", "penalized", 0, 0.1, 0.12, lam=1.0),
-        _run("mlp-lam1", "penalized", 1, 0.3, 0.08, lam=1.0),
+        _run("mlp-lam1", "penalized", 1, 0.3, 0.08, lam=1.0, emptied=["fc2.gate"]),
         _run("mlp-lam1", "penalized", 2, 0.9, 0.9, lam=1.0),  # a seed the constrained runs do not have: left out
         _run("mlp-cmodel0.4", "constrained", 0, 0.39, 0.05, target=0.4),
         _run("mlp-cmodel0.4", "constrained", 1, 0.41, 0.07, target=0.4),
@@ -141,11 +142,15 @@ def test_interpolation_in_log_fraction_between_the_bracketing_lambdas():
     rows = script.summary_rows(runs)
     by_group = {r["group"]: r for r in rows}
     assert by_group["mlp-cmodel0.4"]["off"] == pytest.approx(0.01)
+    assert by_group["mlp-lam1"]["emptied"] == [(1, ["fc2.gate"])]
     assert by_group["mlp-cflops0.5"]["off"] == pytest.approx(0.1)  # against the FLOP fraction
     table = "\n".join(script.comparison(rows, "density", "params"))
     # mean params fraction 0.4 between lam 1 (0.2, 10%) and lam 0.1 (0.8, 2%) over seeds 0 and 1: 6%
     assert "| mlp-cmodel0.4 | 0.4 | 2 | 0.400 ± 0.014 | 6.00 ± 1.41 | 6.00 | +0.00 |" in table
-    assert "lam 1: 10.00 ± 2.83% at 0.200" in table and "lam 0.1: 2.00 ± 1.41% at 0.800" in table
+    assert (
+        "lam 1: 10.00 ± 2.83% at 0.200 (emptied layers in 1 of 2)" in table
+        and "lam 0.1: 2.00 ± 1.41% at 0.800" in table
+    )
     assert "| mlp-cmodel0.05 | 0.05 | 1 | 0.050 ± 0.000 | 30.00 ± 0.00 | outside the grid (0.100-0.700) |" in table
     flop_table = "\n".join(script.comparison(rows, "flops", "flops"))
     assert "| mlp-cflops0.5 | 0.5 | 1 | 0.400 ± 0.000 | 4.00 ± 0.00 |" in flop_table
