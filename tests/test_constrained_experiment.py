@@ -115,7 +115,7 @@ def _run(name, objective, seed, params, error, target=None, lam=0.1, kind="densi
                 "target_kind": kind if objective == "constrained" else None, "per_layer": False, "seed": seed,
                 "epochs": 100, "lr": 0.01, "batch_size": 100, "variant": {}, "train_subset": None}  # fmt: skip
     final = {"params_fraction": params, "flops_fraction": params if flops_fraction is None else flops_fraction,
-             "test_error": error, "test_time_density": params, "architecture": "1-2-3",
+             "test_error": error, "gate_density": params, "architecture": "1-2-3",
              "emptied": list(emptied)}  # fmt: skip
     return {"name": f"{name}-s{seed}", "settings": settings, "final": final}
 
