@@ -281,6 +281,9 @@ def parse_variant(text):
     out = {}
     for item in text.split(","):
         key, value = item.split("=")
+        if value.lower() == "none":
+            out[key] = None
+            continue
         out[key] = {"true": True, "false": False}.get(value.lower(), None)
         if out[key] is None:
             try:

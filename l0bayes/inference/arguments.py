@@ -78,6 +78,11 @@ _ARGUMENT_RULES = (
         "constrained training needs target_flops in (0, 1], got {target_flops!r}",
     ),
     (
+        lambda a: a["objective"] == "constrained" and a["arrival"] is not None,
+        lambda a: _is_number(a["arrival"]) and 0 <= float(a["arrival"]) < math.inf,
+        "arrival must be a number >= 0 or None, got {arrival!r}",
+    ),
+    (
         lambda a: a["objective"] == "constrained",
         lambda a: a["rank"] in RANKS,
         "rank must be one of {RANKS}, got {rank!r}",

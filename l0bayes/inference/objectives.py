@@ -200,6 +200,8 @@ class ConstrainedObjective(Objective):
         the pruned model's need not).
     :param input_shape: one example's shape (no batch dimension), for FLOPs.
     :param rank: how the final phase ranks the groups.
+    :param arrival: the gates are fixed once every expected fraction is at most its target plus this
+        (:data:`ARRIVAL`); ``None`` fixes them at :meth:`final_phase_start` wherever the Lagrangian is.
     """
 
     name = "constrained"
@@ -217,6 +219,7 @@ class ConstrainedObjective(Objective):
         target_flops=None,
         input_shape=None,
         rank=RANK,
+        arrival=ARRIVAL,
     ):
         super().__init__(model, num_data)
         if (target_density is None) == (target_flops is None):
@@ -253,6 +256,7 @@ class ConstrainedObjective(Objective):
         self.dual_restarts = bool(dual_restarts)
         self.final_phase = float(final_phase)
         self.rank = rank
+        self.arrival = None if arrival is None else float(arrival)
         self.mu = torch.zeros(count, device=device)
         self.fixed = None  # the kept-gate masks during the final phase
         self.fixed_at = None  # the epoch (0-based) at which they were fixed
@@ -305,8 +309,10 @@ class ConstrainedObjective(Objective):
         return self.fixed_at
 
     def arrived(self, expected):
-        """Whether every expected fraction is at most its target plus :data:`ARRIVAL`."""
-        return all(d <= t + ARRIVAL for d, t in zip(expected, self.target_values, strict=True))
+        """Whether every expected fraction is at most its target plus ``arrival`` (always, with ``arrival=None``)."""
+        if self.arrival is None:
+            return True
+        return all(d <= t + self.arrival for d, t in zip(expected, self.target_values, strict=True))
 
     def start_epoch(self, epoch, epochs):
         self.epochs = int(epochs)
@@ -332,7 +338,7 @@ class ConstrainedObjective(Objective):
         """One line: the Lagrangian did not reach the target before the last epoch, and what to change."""
         far = max(zip(self.density_at_fix, self.target_values, strict=True), key=lambda g: g[0] - g[1])
         d, t = far
-        more = _epochs_needed(self.trajectory, self.target_values)
+        more = _epochs_needed(self.trajectory, self.target_values, self.arrival or 0.0)
         hint = f"about {more} more epochs" if more is not None else "more epochs"
         warnings.warn(
             f"constrained: the gates are fixed at the last epoch ({epoch + 1} of {epochs}) before the Lagrangian "
@@ -448,14 +454,14 @@ def _has_example_inputs(model):
     return getattr(net, "_l0_example_inputs", None) is not None
 
 
-def _epochs_needed(trajectory, targets):
+def _epochs_needed(trajectory, targets, arrival):
     """Epochs the Lagrangian would still need at its recent pace (``None`` when it is not moving down)."""
     if len(trajectory) < 2:
         return None
     (e0, d0), (e1, d1) = trajectory[max(0, len(trajectory) - 4)], trajectory[-1]
     needs = []
     for a, b, t in zip(d0, d1, targets, strict=True):
-        gap = b - (t + ARRIVAL)
+        gap = b - (t + arrival)
         if gap <= 0:
             continue
         pace = (a - b) / max(e1 - e0, 1)

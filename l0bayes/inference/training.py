@@ -32,7 +32,7 @@ from .device import resolve_device
 from .distributed import DataParallelContext, seed_everything
 from .errors import NonFiniteLossError
 from .loop import Run, fit
-from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, RANK, make_objective
+from .objectives import ARRIVAL, DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, RANK, make_objective
 from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr
 from .resume import check_signature, resume_point, run_signature
 
@@ -62,6 +62,7 @@ def train(
     target_density=None,
     target_flops=None,
     rank=RANK,
+    arrival=ARRIVAL,
     per_layer=False,
     multiplier_lr=None,
     dual_restarts=DUAL_RESTARTS,
@@ -106,8 +107,9 @@ def train(
         same time scale; with ``dual_restarts`` resetting a multiplier to zero whenever its constraint holds),
         then fixed gates that meet the target in the pruned model while the weights go on training: for at most
         the last ``final_phase`` fraction of the epochs, from the first of them at which the expected fraction
-        is within 0.02 of the target (at the last epoch at the latest, with a warning saying how many more
-        epochs it needed). ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). The history records
+        is within ``arrival`` (0.02) of the target (at the last epoch at the latest, with a warning saying how
+        many more epochs it needed; ``arrival=None``: at the first of them, wherever the Lagrangian is).
+        ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). The history records
         the expected fraction (``constraint``), the pruned model's (``test_time_density``,
         ``test_time_density_per_layer``, ``test_time_flops`` when the input shape is known) and the multipliers.
     :param device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
@@ -232,7 +234,8 @@ def _build_run(model, x, y, a, ddp):
     gate_step = settings.pop("gate_lr")  # not part of the signature: the optimiser's description holds it
     multiplier_lr = MULTIPLIER_LR_PER_LR * gate_step if a["multiplier_lr"] is None else a["multiplier_lr"]
     constrained = {
-        k: a[k] for k in ("target_density", "target_flops", "rank", "per_layer", "dual_restarts", "final_phase")
+        k: a[k]
+        for k in ("target_density", "target_flops", "rank", "arrival", "per_layer", "dual_restarts", "final_phase")
     }
     if a["objective"] == "constrained":
         shape = a["input_shape"]
