@@ -525,3 +525,24 @@ def test_a_target_no_cut_can_meet_is_said_in_one_line():
     objective = ConstrainedObjective(net, 10, target_density=0.6)
     with pytest.warns(UserWarning, match=r"target density 0.600 cannot be met.*keeps 0.96"):
         objective.keep_masks()
+
+
+@pytest.mark.parametrize("target", [["--target-density", "0.3"], ["--model", "lenet5", "--target-flops", "0.4"]])
+def test_cli_table_and_summary_give_the_pruned_models_fractions_and_they_agree(target, tmp_path, capsys):
+    import json
+
+    pytest.importorskip("sklearn")
+    from l0bayes.cli import main
+
+    out = tmp_path / "run"
+    argv = ["fit", "--objective", "constrained", *target, "--epochs", "3", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    # the constraint's fractions are the pruned model's (the evaluation counts prune()'s model independently)
+    assert summary["test_time_density"] == summary["params_pruned"] / summary["params_dense"]
+    assert summary["test_time_flops"] == pytest.approx(summary["flops_pruned"] / summary["flops_dense"], rel=1e-12)
+    key, value = target[-2].lstrip("-").replace("-", "_"), float(target[-1])
+    achieved = summary["test_time_density"] if key == "target_density" else summary["test_time_flops"]
+    assert summary[key] == value and value - 0.02 <= achieved <= value
+    table = capsys.readouterr().out
+    assert f"{summary['test_time_density']:.4f} of dense" in table and f"{summary['test_time_flops']:.4f} of dense" in table
