@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from l0bayes.data import load_dataset
 from l0bayes.inference import parameter_groups, train
 from l0bayes.models import SparseClassifier
-from l0bayes.nn import WideResNet, architecture, expected_density, test_time_density
-from l0bayes.pruning import flops, l0_wide_resnet, prune
+from l0bayes.nn import WideResNet, architecture
+from l0bayes.pruning import expected_density, flops, l0_wide_resnet, prune, test_time_density
 
 RUNS = ("dense", "penalized", "constrained")
 
@@ -222,7 +222,7 @@ def run_one(args, run, out, data):
 def densities(net):
     """Expected (Eq. 12) and test-time (Eq. 13) fraction of the gated parameters that are kept."""
     with torch.no_grad():
-        return {"expected_density": float(expected_density(net)), "test_time_density": test_time_density(net)}
+        return {"expected_density": float(expected_density(net).detach()), "test_time_density": test_time_density(net)}
 
 
 def load_run(run_dir):

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
+from l0bayes import pruning
 from l0bayes.inference import ConstrainedObjective, constrained_summary, train
 from l0bayes.io import load_checkpoint, save_checkpoint
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP, density
-from l0bayes import pruning
 from l0bayes.pruning import count_parameters, prune
 
 # Eq. 13 closes a gate exactly when log_alpha <= log(-lower / upper) (docs/mathematics.md), lower=-0.1, upper=1.1.
@@ -74,7 +74,9 @@ def test_expected_density_is_the_expectation_of_the_pruned_count():
     s1, s2, s3 = (sum(map(q, vs)) for vs in values)
     # E[kept] = sum_l E[n_in] E[n_out] + E[n_out] (biases): independent gates, E[z_in z_out] = q_in q_out
     fc1, fc2, fc3 = s1 * s2 + s2, s2 * s3 + s3, s3 * 2 + 2
-    assert pruning.expected_density(net, per_layer=True).tolist() == pytest.approx([fc1 / 15, fc2 / 8, fc3 / 6], rel=1e-6)
+    assert pruning.expected_density(net, per_layer=True).tolist() == pytest.approx(
+        [fc1 / 15, fc2 / 8, fc3 / 6], rel=1e-6
+    )
     assert float(pruning.expected_density(net).detach()) == pytest.approx((fc1 + fc2 + fc3) / 29, rel=1e-6)
     # ... and by enumeration of every gate pattern, weighted by q: the same number
     gates = [net.fc1.gate, net.fc2.gate, net.fc3.gate]
@@ -152,7 +154,9 @@ def test_final_phase_keeps_top_gates_that_fit_in_the_pruned_model():
     _set_log_alpha(per.model, log_alpha)
     with pytest.warns(UserWarning, match="before the Lagrangian arrived"):
         per.start_epoch(0, 1)
-    assert all(v <= t + 1e-12 for v, t in zip(pruning.test_time_density(per.model, per_layer=True).values(), [0.5, 0.5, 0.7]))
+    assert all(
+        v <= t + 1e-12 for v, t in zip(pruning.test_time_density(per.model, per_layer=True).values(), [0.5, 0.5, 0.7])
+    )
 
 
 def test_summary_keys_and_warnings():
@@ -545,4 +549,7 @@ def test_cli_table_and_summary_give_the_pruned_models_fractions_and_they_agree(t
     achieved = summary["test_time_density"] if key == "target_density" else summary["test_time_flops"]
     assert summary[key] == value and value - 0.02 <= achieved <= value
     table = capsys.readouterr().out
-    assert f"{summary['test_time_density']:.4f} of dense" in table and f"{summary['test_time_flops']:.4f} of dense" in table
+    assert (
+        f"{summary['test_time_density']:.4f} of dense" in table
+        and f"{summary['test_time_flops']:.4f} of dense" in table
+    )

@@ -16,6 +16,8 @@ from l0bayes.pruning import (
     flops,
     prune,
     sparsify,
+)
+from l0bayes.pruning import (
     test_time_density as kept_density,
 )
 from l0bayes.pruning import test_time_flops_fraction as kept_flops_fraction

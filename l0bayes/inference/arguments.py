@@ -179,7 +179,9 @@ def check_arguments(args, x, y):
     """Raise the first failed rule of :data:`_ARGUMENT_RULES` and :data:`_DATA_RULES`."""
     for applies, holds, message in _ARGUMENT_RULES:
         if applies(args) and not holds(args):
-            raise ValueError(message(args) if callable(message) else message.format(OBJECTIVES=OBJECTIVES, RANKS=RANKS, **args))
+            raise ValueError(
+                message(args) if callable(message) else message.format(OBJECTIVES=OBJECTIVES, RANKS=RANKS, **args)
+            )
     args["seed"] = check_seed(args["seed"])  # (torch.manual_seed raised "Overflow when unpacking long long")
     for holds, error, message in _DATA_RULES:
         if not holds(x, y):

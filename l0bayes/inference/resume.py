@@ -62,7 +62,8 @@ def resume_point(state, checkpoint, estimator, epochs):
         hint = _fewest_epochs(estimator, began)
     raise ValueError(
         f"cannot resume from {checkpoint!r} with epochs={epochs}: the constrained objective fixes the gates for "
-        f"at most the last final_phase={estimator.final_phase:g} of the epochs, so with {epochs} epochs {where}, but {why}; "
+        f"at most the last final_phase={estimator.final_phase:g} of the epochs, so with {epochs} epochs {where}, "
+        f"but {why}; "
         f"resuming could not give the run of {epochs} epochs. Resume with {hint}, or train anew"
     )
 

@@ -50,7 +50,9 @@ def _gates(module):
 
 
 def expected_gate_density(module, per_layer=False):
-    r"""Expected fraction of gated parameters whose gate is open, :math:`\sum_g |g|\, q(z_g \ne 0) / |\theta|` (Eq. 12, 16).
+    r"""Expected fraction of gated parameters whose gate is open, :math:`\sum_g |g|\, q(z_g \ne 0) / \sum_g |g|`.
+
+    Eq. 12 and 16.
 
     Differentiable in every ``log_alpha``.
 
@@ -66,7 +68,7 @@ def expected_gate_density(module, per_layer=False):
 
 @torch.no_grad()
 def test_time_gate_density(module, per_layer=False):
-    r"""Fraction of gated parameters whose Eq. 13 gate is open, :math:`\sum_g |g|\,\mathbb 1[\hat z_g > 0] / \sum_g |g|`.
+    r"""Fraction of gated parameters whose Eq. 13 gate is open, :math:`\sum_g |g|\,\mathbb 1[\hat z_g > 0] / \sum_g|g|`.
 
     :math:`\hat z_g` is the deterministic gate of Eq. 13 (``gate.active()``). Each gate counts alone:
     this is an upper bound on, not the value of, the fraction of gated weights that

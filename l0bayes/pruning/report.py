@@ -8,8 +8,8 @@ from torch import nn
 from ..nn.density import architecture
 from ..threads import under_thread_policy
 from .counting import count_parameters, flops
-from .size import expected_flops
 from .prune import prune
+from .size import expected_flops
 
 __all__ = ["PruneReport"]
 

@@ -108,7 +108,7 @@ class _Side:
 
 
 class NetworkSize:
-    r"""The parameters and FLOPs that :func:`~l0bayes.pruning.prune` keeps of a gated network, as a function of its gates.
+    r"""The parameters and FLOPs that :func:`~l0bayes.pruning.prune` keeps of a gated network, given its gates.
 
     :param module: the gated network (an ``nn.Sequential`` of L0 layers such as :class:`~l0bayes.nn.L0MLP`,
         or a model of :func:`~l0bayes.pruning.sparsify`), or a model holding it as ``net``.
@@ -160,7 +160,9 @@ class NetworkSize:
             example = example[0] if isinstance(example, tuple) else example
             input_shape = tuple(example.shape[1:])
         if input_shape is not None:
-            self.input_shape = (int(input_shape),) if isinstance(input_shape, int) else tuple(int(s) for s in input_shape)
+            self.input_shape = (
+                (int(input_shape),) if isinstance(input_shape, int) else tuple(int(s) for s in input_shape)
+            )
             self.calls = [(layer, _positions(layer, out_shape)) for layer, out_shape in _trace(net, self.input_shape)]
             self.dense_flops = float(self._flops_of(self._values(None), exact=True))
 
