@@ -2,8 +2,9 @@
 
 Gates, gated layers, the paper's networks, the penalties of Eq. 9 and 15-17 and the gate-level density of
 a gated network. Pruning (``sparsify``, ``prune``, the FLOP counts, the density the pruned model keeps,
-``save_pruned``) lives one floor up, in :mod:`l0bayes.pruning`; its names still import from here, as do the modules ``l0bayes.nn.sparsify``,
-``l0bayes.nn.prune``, ``l0bayes.nn.dependency`` and ``l0bayes.nn.export`` that held them.
+``save_pruned``) lives one floor up, in :mod:`l0bayes.pruning`; its names still import from here, as do
+the modules ``l0bayes.nn.sparsify``, ``l0bayes.nn.prune``, ``l0bayes.nn.dependency`` and
+``l0bayes.nn.export`` that held them.
 """
 
 import importlib
