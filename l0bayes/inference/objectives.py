@@ -51,10 +51,14 @@ MULTIPLIER_LR_PER_LR = 3.0  # train(): multiplier_lr = 3 * lr unless given
 MULTIPLIER_LR = 0.03  # 3 * 1e-2, the digits learning rate
 DUAL_RESTARTS = True
 FINAL_PHASE = 0.1
-#: The final phase warns when the expected density it starts from exceeds the target by more than this.
-FINAL_PHASE_GAP = 0.1
-#: The gates are fixed once every expected fraction is within this of (or below) its target.
+#: The Lagrangian has arrived when every expected fraction is at most its target plus this; a final phase that
+#: starts further above is warned about (train() and constrained_summary).
 ARRIVAL = 0.02
+FINAL_PHASE_GAP = ARRIVAL
+#: By default the gates are fixed at the first epoch of the final phase wherever the Lagrangian is (``None``);
+#: waiting for it to arrive (``arrival=ARRIVAL``) chose the same groups and left fewer epochs to train them
+#: (benchmarks/RESULTS.md, "Constrained sparsity").
+WAIT = None
 #: How the final phase ranks the groups it keeps (benchmarks/RESULTS.md, "Constrained sparsity").
 RANK = "log_alpha"
 RANKS = ("log_alpha", "norm")
@@ -175,11 +179,11 @@ class ConstrainedObjective(Objective):
     \eta\,(d_k - \epsilon_k))` after every step (``multiplier_lr`` is :math:`\eta`); with ``dual_restarts`` a
     multiplier returns to zero whenever its constraint holds.
 
-    **Phase 2, the final phase**: the gates are fixed for the last ``final_phase`` of the epochs, but only once
-    the Lagrangian has *arrived*: from the epoch :meth:`final_phase_start` on, the gates are fixed at the
-    first epoch whose every expected fraction is at most its target plus :data:`ARRIVAL`; at the last epoch
-    they are fixed whatever the fraction, with a warning that says how many more epochs the Lagrangian
-    needed. The groups are ranked (``rank``: ``"log_alpha"``, the order of Eq. 12 and 13, or ``"norm"``,
+    **Phase 2, the final phase**: the gates are fixed for the last ``final_phase`` of the epochs (from
+    :meth:`final_phase_start`). If the Lagrangian has not arrived by then (an expected fraction more than
+    :data:`ARRIVAL` above its target), ``train()`` warns in one line how many more epochs it needed at its
+    recent pace; with ``arrival`` the gates wait for it instead, until the last epoch at the latest (measured:
+    the same groups are chosen, with fewer epochs left to train them). The groups are ranked (``rank``: ``"log_alpha"``, the order of Eq. 12 and 13, or ``"norm"``,
     :math:`q(z_g \ne 0)` times the group's weight norm relative to its layer's median) and, greedily in that
     order, each is kept when the pruned model's fractions still fit within the targets (at least one gate
     per layer). Kept gates get ``log_alpha = +fixed_log_alpha`` and the others ``-fixed_log_alpha``, so that
@@ -200,8 +204,9 @@ class ConstrainedObjective(Objective):
         the pruned model's need not).
     :param input_shape: one example's shape (no batch dimension), for FLOPs.
     :param rank: how the final phase ranks the groups.
-    :param arrival: the gates are fixed once every expected fraction is at most its target plus this
-        (:data:`ARRIVAL`); ``None`` fixes them at :meth:`final_phase_start` wherever the Lagrangian is.
+    :param arrival: ``None`` (default) fixes the gates at :meth:`final_phase_start` wherever the Lagrangian
+        is; a number waits until every expected fraction is at most its target plus it (the last epoch at
+        the latest).
     """
 
     name = "constrained"
@@ -219,7 +224,7 @@ class ConstrainedObjective(Objective):
         target_flops=None,
         input_shape=None,
         rank=RANK,
-        arrival=ARRIVAL,
+        arrival=WAIT,
     ):
         super().__init__(model, num_data)
         if (target_density is None) == (target_flops is None):
@@ -263,7 +268,7 @@ class ConstrainedObjective(Objective):
         self.forced = False  # whether they were fixed at the last epoch without the Lagrangian having arrived
         self.density_at_fix = None  # the expected fraction(s) when the gates were fixed
         self.epochs = None  # the number of epochs of the run, from start_epoch
-        self.trajectory = []  # (epoch, expected fractions) at the start of each epoch from the earliest final phase
+        self.trajectory = []  # (epoch, expected fractions) at the start of the last few epochs
 
     def expected(self):
         """The expected fraction(s) under :math:`q` that the constraints bound: shape ``(1,)`` or ``(L,)``."""
@@ -317,17 +322,18 @@ class ConstrainedObjective(Objective):
     def start_epoch(self, epoch, epochs):
         self.epochs = int(epochs)
         start = self.final_phase_start(epochs)
-        if self.fixed is not None or start is None or epoch < start:
+        if self.fixed is not None:
             return
         with torch.no_grad():
             expected = self.expected().tolist()
-        self.trajectory.append((int(epoch), expected))
-        arrived = self.arrived(expected)
-        if not arrived and epoch < epochs - 1:
+        self.trajectory = [*self.trajectory[-(TRAJECTORY - 1) :], (int(epoch), expected)]
+        if start is None or epoch < start:
             return
+        if not self.arrived(expected) and epoch < epochs - 1:
+            return  # (only with `arrival`: wait for the Lagrangian)
         self.density_at_fix = expected
-        self.forced = not arrived
-        if self.forced:
+        self.forced = self.arrival is not None and not self.arrived(expected)
+        if any(d > t + ARRIVAL for d, t in zip(expected, self.target_values, strict=True)):
             self._warn_not_arrived(epoch, epochs)
         self.fixed = self.keep_masks()
         self.fixed_at = int(epoch)
@@ -335,16 +341,16 @@ class ConstrainedObjective(Objective):
             self._project()
 
     def _warn_not_arrived(self, epoch, epochs):
-        """One line: the Lagrangian did not reach the target before the last epoch, and what to change."""
+        """One line: the Lagrangian has not reached the target when the gates are fixed, and what to change."""
         far = max(zip(self.density_at_fix, self.target_values, strict=True), key=lambda g: g[0] - g[1])
         d, t = far
-        more = _epochs_needed(self.trajectory, self.target_values, self.arrival or 0.0)
+        more = _epochs_needed(self.trajectory, self.target_values, ARRIVAL)
         hint = f"about {more} more epochs" if more is not None else "more epochs"
         warnings.warn(
-            f"constrained: the gates are fixed at the last epoch ({epoch + 1} of {epochs}) before the Lagrangian "
-            f"arrived: expected {_word(self.what)} {d:.3f} against the target {t:.3f}, so the final phase cuts the "
-            f"difference at once, which costs accuracy: train {hint}, or raise multiplier_lr or the gates' "
-            "learning rate",
+            f"constrained: the gates are fixed at epoch {epoch + 1} of {epochs} before the Lagrangian arrived: "
+            f"expected {_word(self.what)} {d:.3f} against the target {t:.3f}, so the final phase cuts the "
+            f"difference at once, which costs accuracy: train {hint} (at its recent pace), or raise "
+            "multiplier_lr or the gates' learning rate",
             UserWarning,
             stacklevel=7,  # the caller of train() (train, _train, fit, the epochs loop, start_epoch, this)
         )
@@ -454,11 +460,15 @@ def _has_example_inputs(model):
     return getattr(net, "_l0_example_inputs", None) is not None
 
 
+#: Epochs of expected fractions kept for the pace of the Lagrangian.
+TRAJECTORY = 5
+
+
 def _epochs_needed(trajectory, targets, arrival):
     """Epochs the Lagrangian would still need at its recent pace (``None`` when it is not moving down)."""
     if len(trajectory) < 2:
         return None
-    (e0, d0), (e1, d1) = trajectory[max(0, len(trajectory) - 4)], trajectory[-1]
+    (e0, d0), (e1, d1) = trajectory[0], trajectory[-1]
     needs = []
     for a, b, t in zip(d0, d1, targets, strict=True):
         gap = b - (t + arrival)

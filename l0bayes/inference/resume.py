@@ -47,7 +47,9 @@ def resume_point(state, checkpoint, estimator, epochs):
         return state
     if began is not None and kept is not None and (begins is None or began < begins or same_checks):
         return kept  # the run when its final phase began: this run decides there anew
-    where = f"its final phase may begin from epoch {begins + 1}" if begins is not None else "it has no final phase"
+    waits = getattr(estimator, "arrival", None) is not None
+    begin = "may begin from" if waits else "begins at"
+    where = f"its final phase {begin} epoch {begins + 1}" if begins is not None else "it has no final phase"
     if began is None:  # the checkpoint went past this run's final phase without one (a shorter run)
         why = f"the checkpoint is at epoch {done} and its gates were not fixed yet"
         hint = _fewest_epochs(estimator, done)
@@ -62,7 +64,8 @@ def resume_point(state, checkpoint, estimator, epochs):
         hint = _fewest_epochs(estimator, began)
     raise ValueError(
         f"cannot resume from {checkpoint!r} with epochs={epochs}: the constrained objective fixes the gates for "
-        f"at most the last final_phase={estimator.final_phase:g} of the epochs, so with {epochs} epochs {where}, "
+        f"{'at most ' if waits else ''}the last final_phase={estimator.final_phase:g} of the epochs, so with {epochs} "
+        f"epochs {where}, "
         f"but {why}; "
         f"resuming could not give the run of {epochs} epochs. Resume with {hint}, or train anew"
     )

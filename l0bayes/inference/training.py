@@ -32,7 +32,7 @@ from .device import resolve_device
 from .distributed import DataParallelContext, seed_everything
 from .errors import NonFiniteLossError
 from .loop import Run, fit
-from .objectives import ARRIVAL, DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, RANK, make_objective
+from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, RANK, WAIT, make_objective
 from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr
 from .resume import check_signature, resume_point, run_signature
 
@@ -62,7 +62,7 @@ def train(
     target_density=None,
     target_flops=None,
     rank=RANK,
-    arrival=ARRIVAL,
+    arrival=WAIT,
     per_layer=False,
     multiplier_lr=None,
     dual_restarts=DUAL_RESTARTS,
@@ -105,10 +105,10 @@ def train(
         under :math:`q` (projected gradient ascent on the multipliers, step ``multiplier_lr``, by default
         ``3 * lr``: Adam moves a ``log_alpha`` by at most about ``lr`` per step, and the multiplier moves on the
         same time scale; with ``dual_restarts`` resetting a multiplier to zero whenever its constraint holds),
-        then fixed gates that meet the target in the pruned model while the weights go on training: for at most
-        the last ``final_phase`` fraction of the epochs, from the first of them at which the expected fraction
-        is within ``arrival`` (0.02) of the target (at the last epoch at the latest, with a warning saying how
-        many more epochs it needed; ``arrival=None``: at the first of them, wherever the Lagrangian is).
+        then fixed gates that meet the target in the pruned model while the weights go on training, for the
+        last ``final_phase`` fraction of the epochs (a warning says when the expected fraction is then more
+        than 0.02 above the target, and how many more epochs the Lagrangian needed; ``arrival=0.02`` waits for
+        it instead, until the last epoch at the latest).
         ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). The history records
         the expected fraction (``constraint``), the pruned model's (``test_time_density``,
         ``test_time_density_per_layer``, ``test_time_flops`` when the input shape is known) and the multipliers.
