@@ -183,7 +183,8 @@ class ConstrainedObjective(Objective):
     :meth:`final_phase_start`). If the Lagrangian has not arrived by then (an expected fraction more than
     :data:`ARRIVAL` above its target), ``train()`` warns in one line how many more epochs it needed at its
     recent pace; with ``arrival`` the gates wait for it instead, until the last epoch at the latest (measured:
-    the same groups are chosen, with fewer epochs left to train them). The groups are ranked (``rank``: ``"log_alpha"``, the order of Eq. 12 and 13, or ``"norm"``,
+    the same groups are chosen, with fewer epochs left to train them).
+    The groups are ranked (``rank``: ``"log_alpha"``, the order of Eq. 12 and 13, or ``"norm"``,
     :math:`q(z_g \ne 0)` times the group's weight norm relative to its layer's median) and, greedily in that
     order, each is kept when the pruned model's fractions still fit within the targets (at least one gate
     per layer). Kept gates get ``log_alpha = +fixed_log_alpha`` and the others ``-fixed_log_alpha``, so that
