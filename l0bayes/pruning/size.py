@@ -84,8 +84,9 @@ class _Factor:
             return vector * v.repeat_interleave(self.hw)
         if self.op == "any":
             return vector * (1.0 - torch.prod(1.0 - v.view(-1, self.hw), dim=1))
-        idx = self.idx.to(v.device)
-        return vector * torch.ones_like(vector).index_copy(0, idx, v[self.root.to(v.device)])
+        if self.idx.device != v.device:  # moved once, not on every step
+            self.idx, self.root = self.idx.to(v.device), self.root.to(v.device)
+        return vector * torch.ones_like(vector).index_copy(0, self.idx, v[self.root])
 
 
 class _Side:
