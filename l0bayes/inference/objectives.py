@@ -50,7 +50,7 @@ __all__ = [
 MULTIPLIER_LR_PER_LR = 3.0  # train(): multiplier_lr = 3 * lr unless given
 MULTIPLIER_LR = 0.03  # 3 * 1e-2, the digits learning rate
 DUAL_RESTARTS = True
-FINAL_PHASE = 0.1
+FINAL_PHASE = 0.3
 #: The Lagrangian has arrived when every expected fraction is at most its target plus this; a final phase that
 #: starts further above is warned about (train() and constrained_summary).
 ARRIVAL = 0.02
