@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import warnings
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from l0bayes.inference import train
+from l0bayes.inference.objectives import _fit_groups
 from l0bayes.models import SparseModel
 from l0bayes.nn import gates_of
 from l0bayes.pruning import (
@@ -302,8 +304,8 @@ def test_expectation_equals_enumeration():
             # without prune()'s "at least one head / unit" rule, which the expectation leaves out
             exact = size._count(values, exact=False, flops=what == "flops")
             total[what] += p * float(exact)
-    assert float(size.parameters("expected")) == pytest.approx(total["parameters"], rel=1e-5)
-    assert float(size.flops("expected")) == pytest.approx(total["flops"], rel=1e-5)
+    assert float(size.parameters("expected").detach()) == pytest.approx(total["parameters"], rel=1e-5)
+    assert float(size.flops("expected").detach()) == pytest.approx(total["flops"], rel=1e-5)
     size.fraction("parameters", "expected").backward()
     assert all(g.log_alpha.grad is not None and g.log_alpha.grad.abs().sum() > 0 for g in gates)
 
@@ -320,7 +322,6 @@ def test_expectation_matches_sampled_pruned_models():
     for _ in range(200):
         with torch.no_grad():
             for gate, la in zip(gates, saved, strict=True):
-                open_ = torch.rand(la.shape, generator=g) < gate.prob_nonzero() if False else None
                 open_ = torch.rand(la.shape, generator=g) < torch.sigmoid(la - 2.0 / 3.0 * math.log(0.1 / 1.1))
                 gate.log_alpha.copy_(torch.where(open_, 10.0, -10.0))
         counts.append(size.parameters("test"))
@@ -328,7 +329,7 @@ def test_expectation_matches_sampled_pruned_models():
             for gate, la in zip(gates, saved, strict=True):
                 gate.log_alpha.copy_(la)
     mean = sum(counts) / len(counts)
-    assert float(size.parameters("expected")) == pytest.approx(mean, rel=0.03)
+    assert float(size.parameters("expected").detach()) == pytest.approx(mean, rel=0.03)
 
 
 def test_per_layer_and_fraction_at():
@@ -354,11 +355,37 @@ def test_constrained_training_reaches_the_target_density():
     x = torch.randint(0, VOCAB, (64, T), generator=torch.Generator().manual_seed(1))
     y = torch.roll(x, -1, dims=1)
     model = SparseModel(gated, lambda out, target: F.cross_entropy(out.flatten(0, 1), target.flatten()))
-    train(model, x, y, objective="constrained", target_density=0.5, epochs=6, batch_size=16, lr=0.05,
-          progress=False, device="cpu")  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(model, x, y, objective="constrained", target_density=0.5, epochs=40, batch_size=16, lr=0.05,
+              progress=False, device="cpu")  # fmt: skip
+    assert not [w for w in caught if "constrained" in str(w.message)], "the Lagrangian should arrive"
     gated.eval()
     pruned = prune(gated)
     fraction = count_parameters(pruned) / count_parameters(gated)
-    assert 0.4 <= fraction <= 0.5 + 1e-9
+    assert 0.3 <= fraction <= 0.5 + 1e-9  # (on random tokens the Lagrangian may close whole MLP branches)
+    assert network_size(gated).fraction("parameters", "test") == pytest.approx(fraction)
     with torch.no_grad():
         assert torch.allclose(pruned(x[:4]), gated(x[:4]), atol=1e-5)
+
+
+def test_final_phase_may_close_a_whole_branch():
+    """A target no head or unit can meet: the final phase closes the branch gates (layers are not kept open)."""
+    gated = _gpt(0)
+    size = network_size(gated)
+    scores = [g.log_alpha.detach().double() for g in size.gates]
+    target = size.const / size.dense_parameters + 1e-9
+    masks = _fit_groups(size, size.gated, scores, "parameters", [target], False)
+    values = {id(layer): m.double() for layer, m in zip(size.gated, masks, strict=True)}
+    assert size.fraction_at(values)[0] <= target
+    names = [n for n, _ in gates_of(gated)]
+    assert not any(bool(m.any()) for n, m in zip(names, masks, strict=True) if "l0_attention" in n or "l0_mlp" in n)
+    pruned = prune(_with_masks(gated, size, masks))
+    assert count_parameters(pruned) == size.const
+
+
+def _with_masks(gated, size, masks):
+    with torch.no_grad():
+        for gate, m in zip(size.gates, masks, strict=True):
+            gate.log_alpha.copy_(torch.where(m, 50.0, -50.0))
+    return gated

@@ -872,8 +872,10 @@ def _check_equal(model, plain, example_inputs):
             ) from None
     a = a if torch.is_tensor(a) else torch.cat([o.flatten() for o in a])
     b = b if torch.is_tensor(b) else torch.cat([o.flatten() for o in b])
+    # the gates are folded in the model's precision: a structural mismatch is far larger than its rounding
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     scale = float(a.abs().max()) + 1.0
-    if a.shape != b.shape or float((a - b).abs().max()) > 1e-9 * scale:
+    if a.shape != b.shape or float((a - b).abs().max()) > 100 * torch.finfo(dtype).eps * scale:
         raise ValueError(
             "the pruned model differs from the gated one: does the attention's forward read its head count from "
             "the attribute prune() lowers, and is each branch's output its last linear layer's (scaled) output?"
