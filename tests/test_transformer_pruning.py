@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from l0bayes.inference import train
-from l0bayes.inference.objectives import _fit_groups
+from l0bayes.inference.objectives import ConstrainedObjective, _fit_groups
 from l0bayes.models import SparseModel
 from l0bayes.nn import gates_of
 from l0bayes.pruning import (
@@ -398,3 +398,14 @@ def _with_masks(gated, size, masks):
         for gate, m in zip(size.gates, masks, strict=True):
             gate.log_alpha.copy_(torch.where(m, 50.0, -50.0))
     return gated
+
+
+def test_constrained_objective_bounds_flops_per_token():
+    gated = _gpt(0)
+    model = SparseModel(gated, lambda out, target: F.cross_entropy(out.flatten(0, 1), target.flatten()))
+    objective = ConstrainedObjective(model, 64, target_flops=0.5)
+    expected = objective.expected()
+    assert expected.shape == (1,) and 0.0 < float(expected.detach()) < 1.0
+    expected.sum().backward()
+    assert gated.blocks[0].l0_units.gate.log_alpha.grad.abs().sum() > 0
+    assert objective.test_time("flops") == network_size(gated).fraction("flops", "test")

@@ -647,8 +647,9 @@ def sparsify_transformer(
     :param example_inputs: a tensor (or tuple) the model accepts, e.g. a batch of token ids; kept on the model
         for :func:`~l0bayes.pruning.prune` (which checks the pruned model against the gated one on it) and for
         the counts of :class:`TransformerSize` (FLOPs per token).
-    :param bool heads, units, layers: which gates to attach (:class:`HeadGate` ``l0_heads``, :class:`UnitGate`
-        ``l0_units``, :class:`LayerGate` ``l0_attention`` and ``l0_mlp`` on every block).
+    :param bool heads: attach a :class:`HeadGate` ``l0_heads`` to every block.
+    :param bool units: attach a :class:`UnitGate` ``l0_units`` to every block.
+    :param bool layers: attach :class:`LayerGate` s ``l0_attention`` and ``l0_mlp`` to every block.
     :param inplace: modify ``model`` itself instead of a deep copy.
     :param gate_kwargs: ``init_drop_rate``, ``temperature``, ``lower``, ``upper``, ``init_std`` of every gate.
     :returns: the gated model, in the training mode ``model`` was in; its gates are listed by
