@@ -409,3 +409,35 @@ def test_constrained_objective_bounds_flops_per_token():
     expected.sum().backward()
     assert gated.blocks[0].l0_units.gate.log_alpha.grad.abs().sum() > 0
     assert objective.test_time("flops") == network_size(gated).fraction("flops", "test")
+
+
+class MHABlock(nn.Module):
+    """A user block around nn.MultiheadAttention (returns a pair) and an MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, D)
+        self.attn, self.mlp = nn.MultiheadAttention(D, HEADS, batch_first=True), MLP()
+
+    def forward(self, idx):
+        x = self.tok(idx)
+        x = x + self.attn(x, x, x, need_weights=False)[0]
+        return x + self.mlp(x)
+
+
+@pytest.mark.parametrize("close_attention", [False, True])
+def test_user_block_with_multihead_attention(close_attention):
+    torch.manual_seed(0)
+    gated = sparsify_transformer(MHABlock(), [""], example_inputs=_tokens())
+    _random_gates(gated, 7)
+    if close_attention:
+        with torch.no_grad():
+            gated.l0_attention.gate.log_alpha.fill_(-8.0)
+    gated.eval()
+    pruned = prune(gated)
+    x = _tokens(4, seed=2)
+    with torch.no_grad():
+        assert torch.allclose(pruned(x), gated(x), atol=1e-5)
+    assert count_parameters(pruned) == network_size(gated).parameters("test")
+    exported = torch.export.export(pruned, (x,))
+    assert torch.allclose(exported.module()(x), pruned(x), atol=1e-6)
