@@ -17,7 +17,8 @@ def check_data(model, x, y, names):
     """Clear errors, before the first step, for data the model cannot train on; returns ``(x, y)`` to train on.
 
     Integer labels of a classifier become ``int64`` and integer responses of a regression the model's dtype
-    (the data are otherwise used as given: ``x`` must have the dtype of the model's parameters).
+    (the data are otherwise used as given: ``x`` must have the dtype of the model's parameters, or be integer
+    token ids for a model with an ``nn.Embedding``).
 
     :param names: the arguments' names for the messages, ``("x", "y")`` or ``("test_data[0]", "test_data[1]")``.
     """
@@ -33,7 +34,8 @@ def check_data(model, x, y, names):
         rows = y.shape[0] if y.dim() else "none (a scalar)"
         raise ValueError(f"{xn} has {x.shape[0]} rows but {yn} has {rows}")
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-    if dtype is not None and x.dtype != dtype:
+    tokens = not x.is_floating_point() and not x.is_complex() and _reads_tokens(model)
+    if dtype is not None and x.dtype != dtype and not tokens:
         raise TypeError(
             f"{xn} has dtype {x.dtype} but the model's parameters are {dtype}: convert one to the other "
             f"({xn}.to({dtype}) or model.to({x.dtype}))"
@@ -44,6 +46,11 @@ def check_data(model, x, y, names):
     if not all_finite(x):
         raise ValueError(f"{xn} contains NaN or infinite values")
     return x, _check_targets(model, x, y, dtype, names)
+
+
+def _reads_tokens(model):
+    """Whether the model holds an ``nn.Embedding``: it may read integer token ids."""
+    return any(isinstance(m, nn.Embedding) for m in model.modules())
 
 
 def _check_features(model, x, xn):

@@ -515,14 +515,17 @@ def _fit_groups(size, layers, scores, what, targets, per_layer):
     """Masks keeping, greedily by score, each group with which the pruned model's fractions stay within targets.
 
     The best-scored group of every layer is kept first, whatever the target (an empty layer would
-    disconnect the network); then each group in order of score is kept if every constrained fraction of the
-    pruned model (counted exactly, :class:`~l0bayes.pruning.NetworkSize`) is still at most its target. With one
+    disconnect the network), except in layers whose gates may all close (``may_close_all``: the gate of a
+    residual branch, :class:`~l0bayes.pruning.LayerGate`); then each group in order of score is kept if every
+    constrained fraction of the pruned model (counted exactly, :class:`~l0bayes.pruning.NetworkSize`) is still at
+    most its target. With one
     target per layer the layers are filled from the last to the first (a layer's count depends on how many of
     its outputs the next layer reads), each in order of score.
     """
     masks = [torch.zeros(s.numel(), dtype=torch.float64) for s in scores]
-    for m, s in zip(masks, scores, strict=True):
-        m[int(s.argmax())] = 1.0
+    for m, s, layer in zip(masks, scores, layers, strict=True):
+        if not getattr(layer, "may_close_all", False):  # e.g. a residual branch's gate may close
+            m[int(s.argmax())] = 1.0
     entries = [(float(v), k, i) for k, s in enumerate(scores) for i, v in enumerate(s.tolist())]
     if per_layer:  # a layer's count also depends on the next one's gates: fill from the output back
         order = sorted(entries, key=lambda t: (-t[1], -t[0], t[2]))

@@ -5,6 +5,8 @@
 * :func:`prune` removes the closed groups: along an ``nn.Sequential`` of L0 layers
   (:mod:`~l0bayes.pruning.sequential`), or through the dependency graph of a sparsified model
   (:mod:`~l0bayes.pruning.dependency`), residual connections included.
+* :func:`sparsify_transformer`: gates on a transformer's attention heads, MLP units and residual branches
+  (:mod:`~l0bayes.pruning.transformer`), which :func:`prune` removes and :class:`TransformerSize` counts.
 * :func:`count_parameters`, :func:`flops` and :class:`PruneReport`: the sizes of Table 1 and Fig. 3;
   :class:`NetworkSize`, :func:`expected_density`, :func:`test_time_density`, :func:`expected_flops`,
   :func:`expected_flops_fraction` and :func:`test_time_flops_fraction`: what the pruned model keeps,
@@ -30,28 +32,52 @@ from .size import (
     test_time_flops_fraction,
 )
 from .sparsify import GatedLayer, Group, GroupGate, sparsify, strip_gates
+from .transformer import (
+    Block,
+    HeadGate,
+    LayerGate,
+    PrunedMultiheadAttention,
+    PrunedTransformerEncoderLayer,
+    TransformerSize,
+    UnitGate,
+    ZeroBranch,
+    flops_per_token,
+    prune_transformer,
+    sparsify_transformer,
+)
 from .wrn import l0_wide_resnet
 
 __all__ = [
+    "Block",
     "GatedLayer",
     "Group",
     "GroupGate",
     "NetworkSize",
     "PruneReport",
     "SelectFeatures",
+    "HeadGate",
+    "LayerGate",
+    "PrunedMultiheadAttention",
+    "PrunedTransformerEncoderLayer",
+    "TransformerSize",
+    "UnitGate",
+    "ZeroBranch",
     "count_parameters",
     "expected_density",
     "expected_flops",
     "expected_flops_fraction",
     "flops",
+    "flops_per_token",
     "fold_batch_norm",
     "for_inference",
     "l0_wide_resnet",
     "load_pruned",
     "network_size",
     "prune",
+    "prune_transformer",
     "save_pruned",
     "sparsify",
+    "sparsify_transformer",
     "strip_gates",
     "test_time_density",
     "test_time_flops_fraction",

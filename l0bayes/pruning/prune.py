@@ -36,6 +36,7 @@ from .dependency import prune_graph
 from .select import SelectFeatures
 from .sequential import LINEAR, WEIGHT, in_units, leaves, out_units, segments
 from .sparsify import is_sparsified
+from .transformer import is_transformer_gated, prune_transformer
 
 __all__ = ["prune"]
 
@@ -100,6 +101,9 @@ def _example_inputs(module, example_inputs):
 def prune(module, example_inputs=None):
     r"""A plain dense module equal to ``module`` in ``eval()`` mode, with closed groups removed.
 
+    A model of :func:`~l0bayes.pruning.sparsify_transformer` loses its closed heads, MLP units and residual
+    branches (:func:`~l0bayes.pruning.prune_transformer`).
+
     A model of :func:`~l0bayes.pruning.sparsify` (any architecture, residual connections and batch norm
     included) is pruned through its dependency graph: see :mod:`l0bayes.pruning.dependency` for what is
     removed. The result is the model's own class with smaller layers (and a
@@ -121,6 +125,8 @@ def prune(module, example_inputs=None):
 
     Runs under :func:`~l0bayes.threads.thread_policy` (one intra-op thread unless you chose otherwise).
     """
+    if is_transformer_gated(module):
+        return prune_transformer(module, example_inputs)
     if is_sparsified(module):
         return prune_graph(module, _example_inputs(module, example_inputs))
     layers = leaves(module)

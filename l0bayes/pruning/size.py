@@ -48,6 +48,7 @@ from .counting import _positions, _trace, count_parameters
 from .dependency import structure
 from .sequential import CONV, WEIGHT, in_units, leaves, out_units, segments
 from .sparsify import GroupGate, is_sparsified
+from .transformer import TransformerSize, is_transformer_gated
 
 __all__ = [
     "NetworkSize",
@@ -392,14 +393,18 @@ _CACHE = weakref.WeakKeyDictionary()
 
 
 def network_size(module, input_shape=None):
-    """The :class:`NetworkSize` of ``module``, built once per network and input shape (cached)."""
+    """The :class:`NetworkSize` of ``module``, built once per network and input shape (cached).
+
+    For a model of :func:`~l0bayes.pruning.sparsify_transformer`, a
+    :class:`~l0bayes.pruning.transformer.TransformerSize` (the same interface; FLOPs per token).
+    """
     net = _network(module)
     if not gates_of(net) and input_shape is None:
         raise ValueError("the module has no HardConcreteGate")
     shape = None if input_shape is None else tuple(input_shape) if not isinstance(input_shape, int) else (input_shape,)
     per_net = _CACHE.setdefault(net, {})
     if shape not in per_net:
-        per_net[shape] = NetworkSize(module, shape)
+        per_net[shape] = TransformerSize(module, shape) if is_transformer_gated(net) else NetworkSize(module, shape)
     size = per_net[shape]
     if size.gates:
         size.names = density_names(module)  # the caller's naming (with or without the model's ``net.``)

@@ -1,0 +1,443 @@
+"""Transformers: head, MLP unit and branch gates (sparsify_transformer), prune(), and the pruned model's size."""
+
+import itertools
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from l0bayes.inference import train
+from l0bayes.inference.objectives import ConstrainedObjective, _fit_groups
+from l0bayes.models import SparseModel
+from l0bayes.nn import gates_of
+from l0bayes.pruning import (
+    Block,
+    PrunedMultiheadAttention,
+    count_parameters,
+    flops_per_token,
+    network_size,
+    prune,
+    sparsify,
+    sparsify_transformer,
+)
+from l0bayes.pruning.transformer import _ExplicitMultiheadAttention
+
+VOCAB, D, HEADS, T = 11, 16, 4, 6
+
+
+class CausalSelfAttention(nn.Module):
+    """GPT-like attention as a user writes it: q/k/v/out linear layers, ``n_head`` heads."""
+
+    def __init__(self, d=D, n_head=HEADS):
+        super().__init__()
+        self.n_head, self.head_dim = n_head, d // n_head
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (f(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, d=D, hidden=4 * D):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.attn, self.ln2, self.mlp = nn.LayerNorm(D), CausalSelfAttention(), nn.LayerNorm(D), MLP()
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, layers=2):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(VOCAB, D), nn.Embedding(T, D)
+        self.blocks = nn.ModuleList(GPTBlock() for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(D), nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+class Encoder(nn.Module):
+    def __init__(self, batch_first=True, norm_first=False):
+        super().__init__()
+        self.batch_first = batch_first
+        self.tok = nn.Embedding(VOCAB, D)
+        layer = nn.TransformerEncoderLayer(D, HEADS, 32, dropout=0.1, batch_first=batch_first, norm_first=norm_first)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, idx):
+        x = self.tok(idx if self.batch_first else idx.T)
+        out = self.head(self.encoder(x))
+        return out if self.batch_first else out.transpose(0, 1)
+
+
+def _tokens(n=3, seed=0):
+    return torch.randint(0, VOCAB, (n, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _random_gates(model, seed, p_closed=0.4):
+    """A random pattern: some gates exactly closed (Eq. 13 gate 0), the others open or fractional."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, gate in gates_of(model):
+            n = gate.num_gates
+            closed = torch.rand(n, generator=g) < p_closed
+            value = torch.where(closed, torch.full((n,), -8.0), torch.randn(n, generator=g) * 2.0 + 1.0)
+            gate.log_alpha.copy_(value)
+
+
+def _gpt(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return sparsify_transformer(TinyGPT(), example_inputs=_tokens(), **kwargs)
+
+
+def _encoder(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return sparsify_transformer(Encoder(**kwargs), example_inputs=_tokens())
+
+
+# ------------------------------------------------------------------------------------------ gating
+
+
+def test_gates_found_by_default_names():
+    gated = _gpt()
+    names = [n for n, _ in gates_of(gated)]
+    assert names == [
+        f"blocks.{i}.{g}.gate" for i in range(2) for g in ("l0_heads", "l0_units", "l0_attention", "l0_mlp")
+    ]
+    sizes = {n: g.num_gates for n, g in gates_of(gated)}
+    assert sizes["blocks.0.l0_heads.gate"] == HEADS and sizes["blocks.0.l0_units.gate"] == 4 * D
+    assert sizes["blocks.0.l0_attention.gate"] == 1
+    enc = _encoder()
+    assert [n for n, _ in gates_of(enc)][:4] == [
+        f"encoder.layers.0.{g}.gate" for g in ("l0_heads", "l0_units", "l0_attention", "l0_mlp")
+    ]
+
+
+def test_sparsify_with_blocks_gates_the_transformer():
+    torch.manual_seed(0)
+    gated = sparsify(TinyGPT(), blocks="auto", example_inputs=_tokens())
+    assert [n for n, _ in gates_of(gated)] == [n for n, _ in gates_of(_gpt())]
+    with pytest.raises(ValueError, match="cannot be combined"):
+        sparsify(TinyGPT(), ["head"], blocks="auto", example_inputs=_tokens())
+
+
+def test_head_gate_multiplies_each_heads_output():
+    """Closing a head equals zeroing its columns of the output projection (its contribution to the output)."""
+    gated = _gpt().eval()
+    x = _tokens()
+    with torch.no_grad():
+        gated.blocks[0].l0_heads.gate.log_alpha[1] = -10.0
+        reference = TinyGPT()
+        reference.load_state_dict({k: v for k, v in gated.state_dict().items() if ".l0_" not in k})
+        for block in gated.blocks:  # the other gates are Eq. 13 values: fold them into the reference
+            for gate in ("l0_heads", "l0_units", "l0_attention", "l0_mlp"):
+                getattr(block, gate).gate.log_alpha.fill_(10.0)
+        gated.blocks[0].l0_heads.gate.log_alpha[1] = -10.0
+        reference.blocks[0].attn.proj.weight[:, 4:8] = 0.0
+        assert torch.allclose(gated(x), reference(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_multihead_attention_with_open_gates_equals_the_original(batch_first, norm_first):
+    torch.manual_seed(1)
+    original = Encoder(batch_first, norm_first).eval()
+    gated = sparsify_transformer(original, example_inputs=_tokens()).eval()
+    with torch.no_grad():
+        for _, gate in gates_of(gated):
+            gate.log_alpha.fill_(10.0)  # every Eq. 13 gate exactly 1
+        x = _tokens(4, seed=3)
+        assert torch.allclose(gated(x), original(x), atol=1e-6)
+        # the attention itself, with masks and weights, against nn.MultiheadAttention's fused path
+        mha = original.encoder.layers[0].self_attn
+        explicit = gated.encoder.layers[0].self_attn
+        assert isinstance(explicit, _ExplicitMultiheadAttention)
+        q = torch.randn(2, 5, D) if batch_first else torch.randn(5, 2, D)
+        pad = torch.tensor([[False] * 4 + [True], [False] * 5])
+        causal = nn.Transformer.generate_square_subsequent_mask(5)
+        for kwargs in ({}, {"key_padding_mask": pad}, {"attn_mask": causal}, {"average_attn_weights": False}):
+            a, wa = mha(q, q, q, **kwargs)
+            b, wb = explicit(q, q, q, **kwargs)
+            assert torch.allclose(a, b, atol=1e-6) and torch.allclose(wa, wb, atol=1e-6)
+
+
+def test_one_draw_per_forward_in_training():
+    gated = _gpt().train()
+    calls = []
+    gate = gated.blocks[0].l0_heads.gate
+    gate.register_forward_hook(lambda *a: calls.append(1))
+    gated(_tokens())
+    assert len(calls) == 1
+
+
+def test_bad_block_names_raise():
+    with pytest.raises(ValueError, match="no module named 'nope'"):
+        sparsify_transformer(TinyGPT(), [Block("nope")], example_inputs=_tokens())
+    with pytest.raises(ValueError, match="q: no module named .blocks.0.attn.query."):
+        sparsify_transformer(TinyGPT(), [Block("blocks.0", q="query")], example_inputs=_tokens())
+    with pytest.raises(ValueError, match="split into num_heads=5"):
+        sparsify_transformer(TinyGPT(), [Block("blocks.0", num_heads=5)], example_inputs=_tokens())
+    with pytest.raises(ValueError, match="example_inputs"):
+        sparsify_transformer(TinyGPT(), example_inputs=None)
+    with pytest.raises(ValueError, match="already has gates"):
+        sparsify_transformer(_gpt(), example_inputs=_tokens())
+
+
+# ------------------------------------------------------------------------------------------- prune
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pruned_gpt_equals_gated_and_exports(seed):
+    gated = _gpt(seed)
+    _random_gates(gated, seed)
+    if seed == 0:  # a whole branch closed, and a block with every head closed
+        with torch.no_grad():
+            gated.blocks[1].l0_mlp.gate.log_alpha.fill_(-8.0)
+            gated.blocks[0].l0_heads.gate.log_alpha.fill_(-8.0)
+    gated.eval()
+    pruned = prune(gated)
+    x = _tokens(4, seed=seed + 10)
+    with torch.no_grad():
+        assert torch.allclose(pruned(x), gated(x), atol=1e-5)
+    assert count_parameters(pruned) < count_parameters(gated)
+    kept = int(gated.blocks[1].l0_heads.gate.active().sum())
+    attn = pruned.blocks[1].attn
+    if gated.blocks[1].l0_attention.gate.active().item():
+        assert attn.n_head == max(kept, 1) and attn.q.out_features == max(kept, 1) * D // HEADS
+    exported = torch.export.export(pruned, (x,))
+    assert torch.allclose(exported.module()(x), pruned(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_pruned_encoder_equals_gated_and_exports(batch_first):
+    gated = _encoder(2, batch_first=batch_first)
+    _random_gates(gated, 5)
+    with torch.no_grad():
+        gated.encoder.layers[1].l0_attention.gate.log_alpha.fill_(-8.0)
+    gated.eval()
+    pruned = prune(gated)
+    x = _tokens(4, seed=9)
+    with torch.no_grad():
+        assert torch.allclose(pruned(x), gated(x), atol=1e-5)
+    assert isinstance(pruned.encoder.layers[0].self_attn, PrunedMultiheadAttention)
+    assert "l0_" not in str(pruned) and not any(".l0_" in k for k in pruned.state_dict())
+    exported = torch.export.export(pruned, (x,))
+    assert torch.allclose(exported.module()(x), pruned(x), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------- sizes
+
+
+@pytest.mark.parametrize("make", [_gpt, _encoder])
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_counts_equal_the_pruned_model(make, seed):
+    gated = make(seed)
+    _random_gates(gated, seed + 20, p_closed=0.5)
+    if seed == 1:
+        with torch.no_grad():  # every unit of one block closed: prune() keeps one
+            next(g for n, g in gates_of(gated) if "l0_units" in n).log_alpha.fill_(-8.0)
+    gated.eval()
+    size = network_size(gated)
+    pruned = prune(gated)
+    assert size.parameters("test") == count_parameters(pruned)
+    x = gated._l0_example_inputs[0]
+    assert size.flops("test") == pytest.approx(flops_per_token(pruned, x), rel=1e-12)
+    assert size.fraction("parameters", "test") == pytest.approx(count_parameters(pruned) / count_parameters(gated))
+    assert size.dense_flops == pytest.approx(flops_per_token(gated, x), rel=1e-12)
+
+
+def test_dense_flops_per_token_of_the_original_encoder():
+    """flops_per_token counts nn.MultiheadAttention's fused projections as its gated, explicit form does."""
+    torch.manual_seed(0)
+    original = Encoder().eval()
+    gated = sparsify_transformer(original, example_inputs=_tokens())
+    per_layer = 2 * (4 * D * D) + 4 * D + 2 * 2 * D * 32 + 32 + D  # q, k, v, out; linear1, linear2
+    expected = 2 * per_layer + 2 * D * VOCAB + VOCAB
+    assert flops_per_token(original, _tokens()) == expected
+    assert network_size(gated).dense_flops == expected
+
+
+def test_expectation_equals_enumeration():
+    """E_q[count] over every 0/1 pattern of a small model's gates (product of Eq. 12 probabilities)."""
+    torch.manual_seed(0)
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(VOCAB, 4)
+            self.block = GPTBlock.__new__(GPTBlock)
+            nn.Module.__init__(self.block)
+            self.block.ln1, self.block.ln2 = nn.LayerNorm(4), nn.LayerNorm(4)
+            self.block.attn, self.block.mlp = CausalSelfAttention(4, 2), MLP(4, 3)
+
+        def forward(self, idx):
+            return self.block(self.tok(idx))
+
+    gated = sparsify_transformer(Tiny(), ["block"], example_inputs=_tokens())
+    _random_gates(gated, 3, p_closed=0.0)
+    size = network_size(gated)
+    gates = [g for _, g in gates_of(gated)]
+    layers = size.gated
+    q = torch.cat([g.prob_nonzero().detach().double() for g in gates])
+    total = {"parameters": 0.0, "flops": 0.0}
+    for bits in itertools.product([0.0, 1.0], repeat=q.numel()):
+        z = torch.tensor(bits, dtype=torch.float64)
+        p = float(torch.prod(torch.where(z > 0, q, 1 - q)))
+        values, i = {}, 0
+        for layer, g in zip(layers, gates, strict=True):
+            values[id(layer)] = z[i : i + g.num_gates]
+            i += g.num_gates
+        for what in total:
+            # without prune()'s "at least one head / unit" rule, which the expectation leaves out
+            exact = size._count(values, exact=False, flops=what == "flops")
+            total[what] += p * float(exact)
+    assert float(size.parameters("expected").detach()) == pytest.approx(total["parameters"], rel=1e-5)
+    assert float(size.flops("expected").detach()) == pytest.approx(total["flops"], rel=1e-5)
+    size.fraction("parameters", "expected").backward()
+    assert all(g.log_alpha.grad is not None and g.log_alpha.grad.abs().sum() > 0 for g in gates)
+
+
+def test_expectation_matches_sampled_pruned_models():
+    """Monte Carlo: the mean of count_parameters(prune(.)) over gates drawn from q, up to the keep-one rule."""
+    gated = _gpt(3)
+    _random_gates(gated, 4, p_closed=0.0)
+    size = network_size(gated)
+    gates = [g for _, g in gates_of(gated)]
+    saved = [g.log_alpha.detach().clone() for g in gates]
+    g = torch.Generator().manual_seed(0)
+    counts = []
+    for _ in range(200):
+        with torch.no_grad():
+            for gate, la in zip(gates, saved, strict=True):
+                open_ = torch.rand(la.shape, generator=g) < torch.sigmoid(la - 2.0 / 3.0 * math.log(0.1 / 1.1))
+                gate.log_alpha.copy_(torch.where(open_, 10.0, -10.0))
+        counts.append(size.parameters("test"))
+        with torch.no_grad():
+            for gate, la in zip(gates, saved, strict=True):
+                gate.log_alpha.copy_(la)
+    mean = sum(counts) / len(counts)
+    assert float(size.parameters("expected").detach()) == pytest.approx(mean, rel=0.03)
+
+
+def test_per_layer_and_fraction_at():
+    gated = _gpt(1)
+    _random_gates(gated, 2)
+    size = network_size(gated)
+    per = size.fraction("parameters", "test", per_layer=True)
+    assert list(per) == [n[: -len(".gate")] for n, _ in gates_of(gated)]
+    assert all(0.0 <= v <= 1.0 for v in per.values())
+    assert size.fraction("parameters", "expected", per_layer=True).shape == (8,)
+    ones = {id(layer): torch.ones(g.num_gates, dtype=torch.float64) for layer, g in zip(size.gated, size.gates)}
+    assert size.fraction_at(ones) == [1.0]
+    zeros = {k: torch.zeros_like(v) for k, v in ones.items()}
+    assert size.fraction_at(zeros)[0] == pytest.approx(size.const / size.dense_parameters)
+
+
+# ---------------------------------------------------------------------------------------- training
+
+
+def test_constrained_training_reaches_the_target_density():
+    torch.manual_seed(0)
+    gated = sparsify_transformer(TinyGPT(), example_inputs=_tokens(), init_drop_rate=0.1)
+    x = torch.randint(0, VOCAB, (64, T), generator=torch.Generator().manual_seed(1))
+    y = torch.roll(x, -1, dims=1)
+    model = SparseModel(gated, lambda out, target: F.cross_entropy(out.flatten(0, 1), target.flatten()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(model, x, y, objective="constrained", target_density=0.5, epochs=40, batch_size=16, lr=0.05,
+              progress=False, device="cpu")  # fmt: skip
+    assert not [w for w in caught if "constrained" in str(w.message)], "the Lagrangian should arrive"
+    gated.eval()
+    pruned = prune(gated)
+    fraction = count_parameters(pruned) / count_parameters(gated)
+    assert 0.3 <= fraction <= 0.5 + 1e-9  # (on random tokens the Lagrangian may close whole MLP branches)
+    assert network_size(gated).fraction("parameters", "test") == pytest.approx(fraction)
+    with torch.no_grad():
+        assert torch.allclose(pruned(x[:4]), gated(x[:4]), atol=1e-5)
+
+
+def test_final_phase_may_close_a_whole_branch():
+    """A target no head or unit can meet: the final phase closes the branch gates (layers are not kept open)."""
+    gated = _gpt(0)
+    size = network_size(gated)
+    scores = [g.log_alpha.detach().double() for g in size.gates]
+    target = size.const / size.dense_parameters + 1e-9
+    masks = _fit_groups(size, size.gated, scores, "parameters", [target], False)
+    values = {id(layer): m.double() for layer, m in zip(size.gated, masks, strict=True)}
+    assert size.fraction_at(values)[0] <= target
+    names = [n for n, _ in gates_of(gated)]
+    assert not any(bool(m.any()) for n, m in zip(names, masks, strict=True) if "l0_attention" in n or "l0_mlp" in n)
+    pruned = prune(_with_masks(gated, size, masks))
+    assert count_parameters(pruned) == size.const
+
+
+def _with_masks(gated, size, masks):
+    with torch.no_grad():
+        for gate, m in zip(size.gates, masks, strict=True):
+            gate.log_alpha.copy_(torch.where(m, 50.0, -50.0))
+    return gated
+
+
+def test_constrained_objective_bounds_flops_per_token():
+    gated = _gpt(0)
+    model = SparseModel(gated, lambda out, target: F.cross_entropy(out.flatten(0, 1), target.flatten()))
+    objective = ConstrainedObjective(model, 64, target_flops=0.5)
+    expected = objective.expected()
+    assert expected.shape == (1,) and 0.0 < float(expected.detach()) < 1.0
+    expected.sum().backward()
+    assert gated.blocks[0].l0_units.gate.log_alpha.grad.abs().sum() > 0
+    assert objective.test_time("flops") == network_size(gated).fraction("flops", "test")
+
+
+class MHABlock(nn.Module):
+    """A user block around nn.MultiheadAttention (returns a pair) and an MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, D)
+        self.attn, self.mlp = nn.MultiheadAttention(D, HEADS, batch_first=True), MLP()
+
+    def forward(self, idx):
+        x = self.tok(idx)
+        x = x + self.attn(x, x, x, need_weights=False)[0]
+        return x + self.mlp(x)
+
+
+@pytest.mark.parametrize("close_attention", [False, True])
+def test_user_block_with_multihead_attention(close_attention):
+    torch.manual_seed(0)
+    gated = sparsify_transformer(MHABlock(), [""], example_inputs=_tokens())
+    _random_gates(gated, 7)
+    if close_attention:
+        with torch.no_grad():
+            gated.l0_attention.gate.log_alpha.fill_(-8.0)
+    gated.eval()
+    pruned = prune(gated)
+    x = _tokens(4, seed=2)
+    with torch.no_grad():
+        assert torch.allclose(pruned(x), gated(x), atol=1e-5)
+    assert count_parameters(pruned) == network_size(gated).parameters("test")
+    exported = torch.export.export(pruned, (x,))
+    assert torch.allclose(exported.module()(x), pruned(x), atol=1e-6)
