@@ -20,7 +20,6 @@ from l0bayes.pruning import (
     flops_per_token,
     network_size,
     prune,
-    sparsify,
     sparsify_transformer,
 )
 from l0bayes.pruning.transformer import _ExplicitMultiheadAttention
@@ -133,14 +132,6 @@ def test_gates_found_by_default_names():
     assert [n for n, _ in gates_of(enc)][:4] == [
         f"encoder.layers.0.{g}.gate" for g in ("l0_heads", "l0_units", "l0_attention", "l0_mlp")
     ]
-
-
-def test_sparsify_with_blocks_gates_the_transformer():
-    torch.manual_seed(0)
-    gated = sparsify(TinyGPT(), blocks="auto", example_inputs=_tokens())
-    assert [n for n, _ in gates_of(gated)] == [n for n, _ in gates_of(_gpt())]
-    with pytest.raises(ValueError, match="cannot be combined"):
-        sparsify(TinyGPT(), ["head"], blocks="auto", example_inputs=_tokens())
 
 
 def test_head_gate_multiplies_each_heads_output():

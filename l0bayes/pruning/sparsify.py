@@ -278,16 +278,7 @@ def _clear_groups(model, args, output):
 
 
 def sparsify(
-    model,
-    layers=None,
-    *,
-    include=None,
-    exclude=None,
-    example_inputs=None,
-    groups=None,
-    blocks=None,
-    inplace=False,
-    **gate_kwargs,
+    model, layers=None, *, include=None, exclude=None, example_inputs=None, groups=None, inplace=False, **gate_kwargs
 ):
     r"""Attach hard concrete gates to the layers of an existing model; returns the gated model.
 
@@ -300,26 +291,12 @@ def sparsify(
         is gated, to find the batch norm its output goes into (one forward pass in ``eval()`` mode).
         Kept on the model for :func:`~l0bayes.pruning.prune`.
     :param groups: ``{name: Group}``, user-named groups of units (:class:`Group`).
-    :param blocks: ``"auto"`` or a list of transformer blocks (names or :class:`~l0bayes.pruning.Block` s):
-        gate their attention heads, MLP units and residual branches instead, with
-        :func:`~l0bayes.pruning.sparsify_transformer` (not combined with ``layers`` or ``groups`` yet).
     :param inplace: modify ``model`` itself instead of a deep copy.
     :param gate_kwargs: ``init_drop_rate``, ``temperature``, ``lower``, ``upper``, ``init_std`` of
         every gate (:class:`~l0bayes.nn.HardConcreteGate`).
     :returns: the gated model, in the training mode ``model`` was in; its gates are listed by
         :func:`~l0bayes.nn.gates_of` as ``"<layer name>.gate"`` (``"l0_groups.<name>.gate"`` for groups).
     """
-    if blocks is not None:
-        if layers is not None or groups or include is not None or exclude is not None:
-            raise ValueError(
-                "blocks= (transformer gates) cannot be combined with layers, groups, include or exclude yet"
-            )
-        from .transformer import sparsify_transformer  # (imports this module)
-
-        chosen = None if isinstance(blocks, str) and blocks == "auto" else blocks
-        if isinstance(chosen, str):
-            raise ValueError(f"blocks must be 'auto' or a list of blocks, got {blocks!r}")
-        return sparsify_transformer(model, chosen, example_inputs=example_inputs, inplace=inplace, **gate_kwargs)
     if not inplace:
         model = copy.deepcopy(model)
     picked = _chosen(model, layers, include, exclude)
