@@ -509,7 +509,7 @@ def figure(out, path, names):
     ax_d.set(
         xlabel="epoch",
         ylabel="density",
-        title="gate density vs target (dashed); dot: pruned params fraction",
+        title="pruned model's params fraction (solid: Eq. 13 gates, dotted: expected under q; dashed: target)",
     )
     ax_e.set(xlabel="epoch", ylabel="test error (%)", title="test error (Eq. 13 gates)", yscale="log")
     ax_d.legend(fontsize=7)
