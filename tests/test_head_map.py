@@ -123,6 +123,7 @@ def test_head_map_of_q_and_of_a_wrapped_model():
     q0 = (q0 * gated.blocks[0].l0_attention.gate.prob_nonzero().detach().double()).numpy()
     np.testing.assert_allclose(image[0], q0, rtol=1e-12)
     assert not ax.texts
+    assert ax.get_title() == f"heads: prob_nonzero, {np.nansum(image):.1f} of 9 open in expectation"
 
 
 def test_head_map_with_branch_gates_only_and_errors():

@@ -300,7 +300,7 @@ def plot_head_map(model, ax=None, quantity="test_gate", cmap="viridis", annotate
         all its heads), ``"active"`` (open or closed) or ``"prob_nonzero"`` (:math:`q(z \ne 0)`, Eq. 12).
         See :func:`head_map`.
     :param annotate: write each cell's value in it.
-    :returns: ``(fig, ax)``; the title counts the open heads.
+    :returns: ``(fig, ax)``; the title counts the open heads (for ``"prob_nonzero"``, their expected number).
     """
     values, names = head_map(model, quantity)
     fig, ax = _axes(ax, figsize=(1.2 + 0.6 * values.shape[1], 1.0 + 0.45 * values.shape[0]))
@@ -314,7 +314,9 @@ def plot_head_map(model, ax=None, quantity="test_gate", cmap="viridis", annotate
             if not np.isnan(v):
                 text = f"{v:.0f}" if quantity == "active" else f"{v:.2f}"
                 ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if v < 0.5 else "black")
-    opened = int(np.nansum(values > 0))
     total = int(np.sum(~np.isnan(values)))
-    ax.set_title(f"heads: {quantity}, {opened} of {total} open", fontsize=9)
+    if quantity == "prob_nonzero":  # q(z != 0) is never exactly 0: its sum, the expected number of open heads
+        ax.set_title(f"heads: {quantity}, {np.nansum(values):.1f} of {total} open in expectation", fontsize=9)
+    else:
+        ax.set_title(f"heads: {quantity}, {int(np.nansum(values > 0))} of {total} open", fontsize=9)
     return fig, ax
