@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from l0bayes._atomic import atomic_write
+from l0bayes.analysis.plots import head_map
 from l0bayes.inference import parameter_groups, train
 from l0bayes.models import SparseModel
 from l0bayes.pruning import count_parameters, flops_per_token, network_size, prune, sparsify_transformer
@@ -412,7 +413,7 @@ def run_constrained(args, data, seed, target):
         "params_fraction_size": size.fraction("parameters", "test"),
         "flops_per_token": flops_per_token(pruned, x_val[:1]),
         "flops_fraction": flops_per_token(pruned, x_val[:1]) / flops_per_token(dense, x_val[:1]),
-        "heads": head_map(gated),
+        "heads": head_map(gated)[0].tolist(),  # Eq. 13 gate of each head (times its branch's), per block
         "units": [int(b.l0_units.gate.active().sum()) for b in gated.blocks],
         "branches": [[int(b.l0_attention.gate.active()), int(b.l0_mlp.gate.active())] for b in gated.blocks],
         "density_at_final_phase": result.history[-1].get("density_at_final_phase"),
@@ -432,16 +433,6 @@ def run_constrained(args, data, seed, target):
         f"{s32:.2f} (batch 32), heads {final['heads']}, {wall:.0f} s",
         flush=True,
     )
-
-
-def head_map(gated):
-    """``[[Eq. 13 gate of each head] per block]``: 0 where a head is closed (or its whole branch is)."""
-    rows = []
-    for block in gated.blocks:
-        z = block.l0_heads.gate.deterministic().detach()
-        z = z * block.l0_attention.gate.deterministic().detach()
-        rows.append([float(v) for v in z])
-    return rows
 
 
 def run_scratch(args, data, seed, target):
