@@ -55,6 +55,7 @@ from torch import nn
 from l0bayes._atomic import atomic_write
 from l0bayes.analysis.plots import head_map
 from l0bayes.inference import parameter_groups, train
+from l0bayes.inference.training import FINAL_PHASE
 from l0bayes.models import SparseModel
 from l0bayes.pruning import count_parameters, flops_per_token, network_size, prune, sparsify_transformer
 
@@ -297,7 +298,7 @@ def _config(args):
 
 def _protocol(args, info):
     """What every run in one OUT shares: the text, the model and the training settings."""
-    keys = ("steps", "epochs", "batch", "lr", "gate_lr", "init_drop_rate", "val_every", "val_windows")
+    keys = ("steps", "epochs", "batch", "lr", "gate_lr", "final_phase", "init_drop_rate", "val_every", "val_windows")
     return {"sha256": info["sha256"], "python": info["python"], "config": _config(args),
             **{k: getattr(args, k) for k in keys}}  # fmt: skip
 
@@ -399,7 +400,7 @@ def run_constrained(args, data, seed, target):
     result = train(
         model, batches, None, objective="constrained", target_density=target, epochs=epochs, lr=args.lr,
         multiplier_lr=3 * args.gate_lr, optimizer=optimizer, num_data=per_epoch * args.batch, seed=seed,
-        progress=False, device="cpu", threads=None,
+        final_phase=args.final_phase, progress=False, device="cpu", threads=None,
     )  # fmt: skip
     wall = time.perf_counter() - start
     gated.eval()
@@ -562,6 +563,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam step size of the weights")
     parser.add_argument("--gate-lr", type=float, default=0.05, help="Adam step size of the gates' log_alpha")
+    parser.add_argument("--final-phase", type=float, default=FINAL_PHASE, help="train()'s final_phase")
     parser.add_argument("--init-drop-rate", type=float, default=0.05, help="initial gate drop rate (from dense)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
