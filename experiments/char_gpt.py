@@ -11,14 +11,16 @@ The end-to-end transformer example of ``docs/guide/transformers.md``, small enou
   default names :func:`~l0bayes.pruning.sparsify_transformer` finds).
 * **runs** (``--runs``), per seed:
 
-  - ``dense``: trains ``2 * --steps`` steps of Adam; its weights after ``--steps`` steps start the pruned
-    runs, and its validation loss is recorded at both ``--steps`` and ``2 * --steps`` steps;
+  - ``dense``: trains ``--steps + --prune-steps`` steps of Adam (``--prune-steps`` defaults to ``--steps``);
+    its weights after ``--steps`` steps start the pruned runs, and its validation loss is recorded after
+    ``--steps`` steps and at the end;
   - ``c0.5``, ``c0.25`` (``--targets``): from the dense weights after ``--steps`` steps,
     ``sparsify_transformer`` (heads, MLP units, branches) and ``train(objective="constrained",
-    target_density=...)`` for ``--steps`` more steps; then ``prune`` gives a plain, smaller :class:`GPT`;
+    target_density=...)`` for ``--prune-steps`` more steps; then ``prune`` gives a plain, smaller :class:`GPT`;
   - ``scratch0.5``, ``scratch0.25``: a dense :class:`GPT` of the same depth with fewer heads and MLP units, its
     parameter count within a few percent of the target fraction of the dense model's (:func:`scratch_config`),
-    trained from scratch for ``2 * --steps`` steps: as many as the pruned model saw (dense, then pruning).
+    trained from scratch for ``--steps + --prune-steps`` steps: as many as the pruned model saw (dense, then
+    pruning).
 
   Every run reports its validation loss (nats per character, on the same fixed windows), its parameter
   fraction ``count_parameters(prune(m)) / count_parameters(m)``, its fraction of FLOPs per token
@@ -298,7 +300,8 @@ def _config(args):
 
 def _protocol(args, info):
     """What every run in one OUT shares: the text, the model and the training settings."""
-    keys = ("steps", "epochs", "batch", "lr", "gate_lr", "final_phase", "init_drop_rate", "val_every", "val_windows")
+    keys = ("steps", "prune_steps", "epochs", "batch", "lr", "gate_lr", "final_phase", "init_drop_rate")
+    keys += ("val_every", "val_windows")
     return {"sha256": info["sha256"], "python": info["python"], "config": _config(args),
             **{k: getattr(args, k) for k in keys}}  # fmt: skip
 
@@ -309,6 +312,7 @@ def _settings(args, name, seed, data_info):
         "seed": seed,
         "config": _config(args),
         "steps": args.steps,
+        "prune_steps": args.prune_steps,
         "batch": args.batch,
         "lr": args.lr,
         "gate_lr": args.gate_lr,
@@ -351,7 +355,8 @@ def run_dense(args, data, seed):
     torch.manual_seed(seed)
     net = GPT(**_config(args))
     start = time.perf_counter()
-    saved = train_dense(net, data["train"], 2 * args.steps, args.batch, args.context, args.lr, seed, {args.steps})
+    total = args.steps + args.prune_steps
+    saved = train_dense(net, data["train"], total, args.batch, args.context, args.lr, seed, {args.steps})
     wall = time.perf_counter() - start
     half = GPT(**_config(args))
     half.load_state_dict(saved[args.steps])
@@ -370,7 +375,7 @@ def run_dense(args, data, seed):
     _write(args, name, {"settings": settings, "final": final})
     print(
         f"{name}: val {final['val_loss']:.4f} nats/char after {args.steps} steps, {final['val_loss_long']:.4f} after "
-        f"{2 * args.steps}; {final['params']} parameters, {wall:.0f} s",
+        f"{total}; {final['params']} parameters, {wall:.0f} s",
         flush=True,
     )
 
@@ -389,7 +394,7 @@ def run_constrained(args, data, seed, target):
     gated = sparsify_transformer(dense, example_inputs=x_val[:1], init_drop_rate=args.init_drop_rate)
     model = SparseModel(gated, token_loss)
     epochs = args.epochs
-    per_epoch = math.ceil(args.steps / epochs)
+    per_epoch = math.ceil(args.prune_steps / epochs)
     batches = RandomWindows(data["train"], per_epoch, args.batch, args.context, seed + 1000)
 
     def optimizer(m):
@@ -447,7 +452,7 @@ def run_scratch(args, data, seed, target):
     torch.manual_seed(seed)
     net = GPT(**small_config)
     start = time.perf_counter()
-    train_dense(net, data["train"], 2 * args.steps, args.batch, args.context, args.lr, seed)
+    train_dense(net, data["train"], args.steps + args.prune_steps, args.batch, args.context, args.lr, seed)
     wall = time.perf_counter() - start
     x_val, y_val = data["val"]
     dense_params = count_parameters(GPT(**config))
@@ -522,7 +527,8 @@ def summarize(out):
         )
         if group == "dense":
             long = [f["val_loss_long"] for _, f in finals]
-            steps = 2 * groups[group][0]["settings"]["steps"]
+            settings = groups[group][0]["settings"]
+            steps = settings["steps"] + settings.get("prune_steps", settings["steps"])
             lines.append(f"| dense, {steps} steps | {len(finals)} | 1.000 | 1.000 | {_mean_sd(long)} | - | - | - | - |")
     text = "\n".join(lines)
     print(text)
@@ -558,7 +564,8 @@ def main(argv=None):
                         choices=["dense", "constrained", "scratch"])  # fmt: skip
     parser.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.25], help="parameter fractions")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--steps", type=int, default=400, help="dense steps; the pruning run as many again")
+    parser.add_argument("--steps", type=int, default=400, help="dense steps before pruning")
+    parser.add_argument("--prune-steps", type=int, default=None, help="steps of the pruning run (default --steps)")
     parser.add_argument("--epochs", type=int, default=10, help="epochs of the constrained run (of steps/epochs)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam step size of the weights")
@@ -590,6 +597,7 @@ def main(argv=None):
             parser.error(f"--targets are fractions in (0, 1), got {t}")
     if args.d_model % args.heads:
         parser.error(f"--d-model {args.d_model} does not split into --heads {args.heads}")
+    args.prune_steps = args.steps if args.prune_steps is None else args.prune_steps
     torch.set_num_threads(1)
     train_text, val_text, info = stdlib_text(args.modules or MODULES, args.val_every)
     os.makedirs(args.out, exist_ok=True)
