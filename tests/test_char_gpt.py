@@ -77,7 +77,7 @@ def test_runs_are_measured_on_the_pruned_model(tmp_path, capsys):
     script.main([*TINY, "--targets", "0.5", "--runs", "constrained", "--out", str(out)])
     assert "c0.5-s0: exists, skipped" in capsys.readouterr().out
     assert (out / "c0.5-s0.json").read_text() == before
-    with pytest.raises(SystemExit, match="other steps"):
+    with pytest.raises(SystemExit, match="other prune_steps, steps:"):
         steps = TINY.index("--steps") + 1
         script.main([*TINY[:steps], "7", *TINY[steps + 1 :], "--out", str(out)])
     # the table again, and the head map of a pruned run
