@@ -473,13 +473,54 @@ def run_scratch(args, data, seed, target):
     )
 
 
+def load_gated(out, name):
+    """``(dense model it was pruned from, gated model)`` of the pruned run ``name`` in ``out``, from their weights."""
+    with open(os.path.join(out, f"{name}.json")) as f:
+        settings = json.load(f)["settings"]
+    config = settings["config"]
+    dense = GPT(**config)
+    path = os.path.join(out, "weights", f"dense-s{settings['seed']}-step{settings['steps']}.pt")
+    dense.load_state_dict(torch.load(path, weights_only=True))
+    example = torch.zeros(1, config["context"], dtype=torch.long)
+    gated = sparsify_transformer(GPT(**config), example_inputs=example)
+    gated.load_state_dict(torch.load(os.path.join(out, "weights", f"{name}.pt"), weights_only=True))
+    return dense, gated.eval()
+
+
+def measure_speed(args):
+    """The speed-up of every pruned run in ``OUT`` again, from the saved weights, into ``OUT/speed.json``.
+
+    For a machine that was busy while the runs trained: run it when the machine is quiet. Runs already in
+    ``speed.json`` are skipped; :func:`summarize` prefers these figures to the ones taken right after training.
+    """
+    path = os.path.join(args.out, "speed.json")
+    speeds = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            speeds = json.load(f)
+    torch.set_num_threads(1)
+    for name in sorted(n for n in load_runs(args.out) if n.startswith("c")):
+        if name in speeds:
+            print(f"{name}: speed measured, skipped", flush=True)
+            continue
+        dense, gated = load_gated(args.out, name)
+        pruned = prune(gated)
+        record = {"load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+        for batch, repeats in ((1, args.repeats_1), (32, args.repeats_32)):
+            ratio, t_dense, t_pruned = speedup(dense, pruned, batch, dense.pos.num_embeddings, repeats)
+            record[str(batch)] = {"speedup": ratio, "dense_s": t_dense, "pruned_s": t_pruned, "repeats": repeats}
+        speeds[name] = record
+        atomic_write(path, json.dumps(speeds, indent=1))
+        print(f"{name}: speed-up {record['1']['speedup']:.2f} (batch 1), {record['32']['speedup']:.2f} (batch 32)")
+
+
 # ------------------------------------------------------------------------------------------- summary
 
 
 def load_runs(out):
     runs = {}
     for file in sorted(os.listdir(out)):
-        if file.endswith(".json") and file != "protocol.json":
+        if file.endswith(".json") and file not in ("protocol.json", "speed.json"):
             with open(os.path.join(out, file)) as f:
                 runs[file[: -len(".json")]] = json.load(f)
     return runs
@@ -497,6 +538,13 @@ def _mean_sd(values):
 def summarize(out):
     """The markdown table of the runs in ``out`` (mean ± sd over seeds), printed and returned."""
     runs = load_runs(out)
+    speeds = {}
+    if os.path.exists(os.path.join(out, "speed.json")):  # measured again on a quiet machine (--measure-speed)
+        with open(os.path.join(out, "speed.json")) as f:
+            speeds = json.load(f)
+    for name, run in runs.items():
+        if name in speeds:
+            run["final"]["speedup"] = speeds[name]
     groups = {}
     for name, run in runs.items():
         groups.setdefault(name.rsplit("-s", 1)[0], []).append(run)
@@ -508,28 +556,31 @@ def summarize(out):
     order = sorted(groups, key=key)
     dense = {r["settings"]["seed"]: r["final"] for r in groups.get("dense", [])}
     lines = [
-        "| run | seeds | params | FLOPs/token | val loss (nats/char) | vs dense | speed-up b=1 | speed-up b=32 | "
-        "speed-up / FLOP ratio (b=32) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | seeds | params | FLOPs/token | val loss (nats/char) | vs dense pruned | vs dense, same steps | "
+        "speed-up b=1 | speed-up b=32 | speed-up / FLOP ratio (b=32) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for group in order:
         if group not in groups:
             continue
         finals = [(r["settings"]["seed"], r["final"]) for r in groups[group]]
         relative = [f["val_loss"] / dense[s]["val_loss"] for s, f in finals if s in dense]
+        same_steps = [f["val_loss"] / dense[s]["val_loss_long"] for s, f in finals if s in dense]
         s1 = [f["speedup"]["1"]["speedup"] for _, f in finals if "speedup" in f]
         s32 = [f["speedup"]["32"]["speedup"] for _, f in finals if "speedup" in f]
         of_ratio = [f["speedup"]["32"]["speedup"] * f["flops_fraction"] for _, f in finals if "speedup" in f]
         lines.append(
             f"| {group} | {len(finals)} | {_mean_sd([f['params_fraction'] for _, f in finals])} | "
             f"{_mean_sd([f['flops_fraction'] for _, f in finals])} | {_mean_sd([f['val_loss'] for _, f in finals])} | "
-            f"{_mean_sd(relative)} | {_mean_sd(s1)} | {_mean_sd(s32)} | {_mean_sd(of_ratio)} |"
+            f"{_mean_sd(relative)} | {_mean_sd(same_steps)} | {_mean_sd(s1)} | {_mean_sd(s32)} | {_mean_sd(of_ratio)} |"
         )
         if group == "dense":
             long = [f["val_loss_long"] for _, f in finals]
             settings = groups[group][0]["settings"]
             steps = settings["steps"] + settings.get("prune_steps", settings["steps"])
-            lines.append(f"| dense, {steps} steps | {len(finals)} | 1.000 | 1.000 | {_mean_sd(long)} | - | - | - | - |")
+            lines.append(
+                f"| dense, {steps} steps | {len(finals)} | 1.000 | 1.000 | {_mean_sd(long)} | - | 1.000 | - | - | - |"
+            )
     text = "\n".join(lines)
     print(text)
     return text
@@ -541,13 +592,7 @@ def plot_runs_head_map(out, name):
 
     from l0bayes.analysis import plot_head_map
 
-    with open(os.path.join(out, f"{name}.json")) as f:
-        run = json.load(f)
-    settings = run["settings"]
-    gated = sparsify_transformer(
-        GPT(**settings["config"]), example_inputs=torch.zeros(1, settings["config"]["context"], dtype=torch.long)
-    )
-    gated.load_state_dict(torch.load(os.path.join(out, "weights", f"{name}.pt"), weights_only=True))
+    _, gated = load_gated(out, name)
     fig = Figure(figsize=(4.0, 3.2), layout="constrained")
     plot_head_map(gated, ax=fig.add_subplot())
     path = os.path.join(out, "head_map.png")
@@ -583,8 +628,13 @@ def main(argv=None):
     parser.add_argument("--modules", nargs="+", default=None, help="stdlib modules of the text (default MODULES)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--summarize-only", action="store_true")
+    parser.add_argument("--measure-speed", action="store_true", help="time the pruned runs in OUT again")
     parser.add_argument("--head-map", default=None, help="the run whose head map --summarize-only draws")
     args = parser.parse_args(argv)
+    if args.measure_speed:
+        measure_speed(args)
+        summarize(args.out)
+        return 0
     if args.summarize_only:
         summarize(args.out)
         runs = [n for n in load_runs(args.out) if n.startswith("c")]

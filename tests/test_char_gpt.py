@@ -80,6 +80,12 @@ def test_runs_are_measured_on_the_pruned_model(tmp_path, capsys):
     with pytest.raises(SystemExit, match="other prune_steps, steps:"):
         steps = TINY.index("--steps") + 1
         script.main([*TINY[:steps], "7", *TINY[steps + 1 :], "--out", str(out)])
+    # the speed-ups again from the saved weights (into speed.json, which the table then reads)
+    assert script.main(["--out", str(out), "--measure-speed", "--repeats-1", "2", "--repeats-32", "1"]) == 0
+    speed = json.loads((out / "speed.json").read_text())
+    assert set(speed) == {"c0.5-s0"} and speed["c0.5-s0"]["32"]["speedup"] > 0
+    s32 = speed["c0.5-s0"]["32"]["speedup"]
+    assert f"| {s32:.3f} | {s32 * final['flops_fraction']:.3f} |" in capsys.readouterr().out
     # the table again, and the head map of a pruned run
     assert script.main(["--out", str(out), "--summarize-only"]) == 0
     assert (out / "head_map.png").stat().st_size > 0
