@@ -569,8 +569,11 @@ def summarize(out):
         s1 = [f["speedup"]["1"]["speedup"] for _, f in finals if "speedup" in f]
         s32 = [f["speedup"]["32"]["speedup"] for _, f in finals if "speedup" in f]
         of_ratio = [f["speedup"]["32"]["speedup"] * f["flops_fraction"] for _, f in finals if "speedup" in f]
+        label = group
+        if group == "dense":
+            label = f"dense, {groups[group][0]['settings']['steps']} steps (pruned from)"
         lines.append(
-            f"| {group} | {len(finals)} | {_mean_sd([f['params_fraction'] for _, f in finals])} | "
+            f"| {label} | {len(finals)} | {_mean_sd([f['params_fraction'] for _, f in finals])} | "
             f"{_mean_sd([f['flops_fraction'] for _, f in finals])} | {_mean_sd([f['val_loss'] for _, f in finals])} | "
             f"{_mean_sd(relative)} | {_mean_sd(same_steps)} | {_mean_sd(s1)} | {_mean_sd(s32)} | {_mean_sd(of_ratio)} |"
         )
