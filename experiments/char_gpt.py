@@ -35,7 +35,11 @@ With the defaults (4 layers, 4 heads, d_model 128, context 64, batch 32, ``--ste
 about 1-3 minutes on one thread of the machine of ``benchmarks/RESULTS.md`` ("Transformers")::
 
     python experiments/char_gpt.py --seeds 0 1 2 --out runs/char-gpt
+    python experiments/char_gpt.py --out runs/char-gpt --measure-speed --repeats-1 200 --repeats-32 40
     python experiments/char_gpt.py --out runs/char-gpt --summarize-only
+
+``--measure-speed`` times the pruned runs again from their saved weights (into ``OUT/speed.json``, which the
+table then uses): for a machine that was busy while the runs trained.
 """
 
 import argparse
