@@ -259,7 +259,7 @@ def test_strict_build_renders_api_and_math(site):
     own = [site / "index.html"]
     for page in ("getting-started", "mathematics", "cli", "notebooks", "guide"):
         own += sorted((site / page).rglob("index.html"))
-    assert len(own) == 11
+    assert len(own) == 12
     for built in own:
         body = built.read_text(encoding="utf-8")
         body = re.sub(r'<(span|div) class="arithmatex">.*?</\1>', "", body, flags=re.DOTALL)

@@ -26,12 +26,13 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 300
 
 
-def test_the_four_notebooks_exist():
+def test_the_five_notebooks_exist():
     assert [p.name for p in NOTEBOOKS] == [
         "01_hard_concrete.ipynb",
         "02_spike_slab_regression.ipynb",
         "03_sparse_mlp.ipynb",
         "04_posterior_gate_analysis.ipynb",
+        "05_transformer_pruning.ipynb",
     ]
 
 

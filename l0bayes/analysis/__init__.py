@@ -8,7 +8,8 @@ when a function needs them, so ``import l0bayes.analysis`` itself is cheap.
 * :func:`inclusion_summary`, :func:`layer_summary`, :func:`median_probability_model`,
   :func:`pruned_architecture`: tables.
 * :func:`plot_hard_concrete` (Fig. 2a), :func:`plot_expected_gate` (Fig. 2b),
-  :func:`plot_inclusion_forest`, :func:`plot_gate_heatmap`, :func:`plot_expected_flops` (Fig. 3).
+  :func:`plot_inclusion_forest`, :func:`plot_gate_heatmap`, :func:`plot_expected_flops` (Fig. 3),
+  :func:`plot_head_map` (a transformer's heads, layers by heads).
 * :func:`exact_inclusion_probabilities`: the conjugate spike-and-slab reference by enumeration.
 """
 
@@ -19,6 +20,7 @@ from .plots import (
     plot_expected_gate,
     plot_gate_heatmap,
     plot_hard_concrete,
+    plot_head_map,
     plot_inclusion_forest,
 )
 from .summary import (
@@ -48,6 +50,7 @@ __all__ = [
     "plot_expected_gate",
     "plot_gate_heatmap",
     "plot_hard_concrete",
+    "plot_head_map",
     "plot_inclusion_forest",
     "pruned_architecture",
     "to_inference_data",

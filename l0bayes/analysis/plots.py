@@ -7,6 +7,7 @@ Every function takes an optional ``ax`` and returns ``(fig, ax)``; none calls ``
 * :func:`plot_inclusion_forest`: a forest plot of :math:`q(z \ne 0)` with the HDI of each gate.
 * :func:`plot_gate_heatmap`: one layer's gates as an image (e.g. the 28x28 map of kept pixels).
 * :func:`plot_expected_flops`: expected FLOPs over training from ``train()`` histories (Fig. 3).
+* :func:`plot_head_map`: the attention heads of a transformer, layers by heads, open or closed.
 """
 
 import math
@@ -247,4 +248,75 @@ def plot_expected_flops(histories, dense_flops=None, ax=None, key="expected_flop
     ax.set_xlabel("epoch")
     ax.set_ylabel("expected FLOPs")
     ax.legend(fontsize=8)
+    return fig, ax
+
+
+def head_map(model, quantity="test_gate"):
+    r"""``(values, names)``: the head gates of a model of :func:`~l0bayes.pruning.sparsify_transformer`, one row
+    per gated block (its name in ``names``), one column per head (``NaN`` past a block's last head).
+
+    :param quantity: ``"test_gate"`` (the Eq. 13 gate :math:`\hat z_h`, times the attention branch's gate
+        where there is one: a head of a removed branch is closed), ``"active"`` (that gate > 0: the heads
+        :func:`~l0bayes.pruning.prune` keeps) or ``"prob_nonzero"`` (:math:`q(z_h \ne 0)` times the branch's).
+    """
+    from ..pruning.transformer import is_transformer_gated
+
+    net = getattr(model, "net", model)
+    net = net if is_transformer_gated(net) else model
+    if not is_transformer_gated(net):
+        raise ValueError("plot_head_map needs a model of sparsify_transformer() (or one holding it as .net)")
+    if quantity not in ("test_gate", "active", "prob_nonzero"):
+        raise ValueError(f"unknown quantity {quantity!r}; choose from ['active', 'prob_nonzero', 'test_gate']")
+
+    def value(gate):
+        g = gate.gate
+        return (g.prob_nonzero() if quantity == "prob_nonzero" else g.deterministic()).detach().double().cpu()
+
+    rows, names = [], []
+    for r in net._l0_transformer:
+        block = net.get_submodule(r.name)
+        heads = getattr(block, "l0_heads", None)
+        z = value(heads) if heads is not None else torch.ones(r.num_heads, dtype=torch.float64)
+        branch = getattr(block, "l0_attention", None)
+        if branch is not None:
+            z = z * value(branch)
+        if quantity == "active":
+            z = (z > 0).double()
+        rows.append(z.numpy())
+        names.append(r.name or "(model)")
+    width = max(len(r) for r in rows)
+    values = np.full((len(rows), width), np.nan)
+    for i, row in enumerate(rows):
+        values[i, : len(row)] = row
+    return values, names
+
+
+def plot_head_map(model, ax=None, quantity="test_gate", cmap="viridis", annotate=True):
+    r"""The attention heads of a gated transformer as an image: one row per block, one column per head.
+
+    :param model: a model of :func:`~l0bayes.pruning.sparsify_transformer` (or a
+        :class:`~l0bayes.models.SparseModel` holding it), with head gates, branch gates or both.
+    :param quantity: ``"test_gate"`` (default: the Eq. 13 gate, 0 for a closed head, a closed branch closing
+        all its heads), ``"active"`` (open or closed) or ``"prob_nonzero"`` (:math:`q(z \ne 0)`, Eq. 12).
+        See :func:`head_map`.
+    :param annotate: write each cell's value in it.
+    :returns: ``(fig, ax)``; the title counts the open heads (for ``"prob_nonzero"``, their expected number).
+    """
+    values, names = head_map(model, quantity)
+    fig, ax = _axes(ax, figsize=(1.2 + 0.6 * values.shape[1], 1.0 + 0.45 * values.shape[0]))
+    im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    fig.colorbar(im, ax=ax, shrink=0.85)
+    ax.set_xticks(range(values.shape[1]), [str(h) for h in range(values.shape[1])])
+    ax.set_yticks(range(values.shape[0]), names)
+    ax.set_xlabel("head")
+    if annotate:
+        for (i, j), v in np.ndenumerate(values):
+            if not np.isnan(v):
+                text = f"{v:.0f}" if quantity == "active" else f"{v:.2f}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if v < 0.5 else "black")
+    total = int(np.sum(~np.isnan(values)))
+    if quantity == "prob_nonzero":  # q(z != 0) is never exactly 0: its sum, the expected number of open heads
+        ax.set_title(f"heads: {quantity}, {np.nansum(values):.1f} of {total} open in expectation", fontsize=9)
+    else:
+        ax.set_title(f"heads: {quantity}, {int(np.nansum(values > 0))} of {total} open", fontsize=9)
     return fig, ax
