@@ -201,8 +201,8 @@ class ConstrainedObjective(Objective):
         (:func:`~l0bayes.inference.train` uses ``3 * lr`` unless told otherwise).
     :param bool dual_restarts: reset a multiplier to zero whenever its constraint is satisfied.
     :param final_phase: fraction of the epochs (rounded up, at least one epoch when positive) with fixed gates
-        at most; ``0`` trains on the Lagrangian throughout (the expected fraction then meets the target,
-        the pruned model's need not).
+        (fewer with ``arrival``, when the Lagrangian arrives late); ``0`` trains on the Lagrangian throughout
+        (the expected fraction then meets the target, the pruned model's need not).
     :param input_shape: one example's shape (no batch dimension), for FLOPs.
     :param rank: how the final phase ranks the groups.
     :param arrival: ``None`` (default) fixes the gates at :meth:`final_phase_start` wherever the Lagrangian
