@@ -476,3 +476,13 @@ def test_gate_refuses_non_finite_or_out_of_range_shape(kwargs, name):
 
     with pytest.raises(ValueError, match=f"HardConcreteGate: {name} must be"):
         l0nn.HardConcreteGate(**{"num_gates": 3, **kwargs})
+
+
+def test_gate_owners_pairs_each_gate_with_the_layer_holding_it():
+    from l0bayes.models import SparseLinearRegression
+    from l0bayes.nn import gate_owners
+
+    net = L0MLP(8, (4,), 2)
+    assert [(layer, gate) for layer, gate in gate_owners(net)] == [(net.fc1, net.fc1.gate), (net.fc2, net.fc2.gate)]
+    regression = SparseLinearRegression(3)  # a gate held directly by the model
+    assert gate_owners(regression) == [(regression, regression.gate)]

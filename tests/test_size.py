@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from residual_cnn import ResNet
 from torch import nn
 
 from l0bayes.nn import L0MLP, L0LeNet5, gates_of
@@ -31,37 +32,6 @@ def _pattern(net, closed=0.4, fractional=0.2, seed=0, scale=1.0):
             u = torch.rand(gate.num_gates, generator=g)
             values = torch.where(u < closed, -30.0, torch.where(u < closed + fractional, 0.6, 30.0))
             gate.log_alpha.copy_(values * scale if scale != 1.0 else values)
-
-
-class Block(nn.Module):
-    def __init__(self, c_in, c_out, stride=1):
-        super().__init__()
-        self.bn1 = nn.BatchNorm2d(c_in)
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c_out)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
-        self.shortcut = nn.Conv2d(c_in, c_out, 1, stride, bias=False) if stride != 1 or c_in != c_out else None
-
-    def forward(self, x):
-        o = F.relu(self.bn1(x))
-        y = self.conv2(F.relu(self.bn2(self.conv1(o))))
-        return y + (x if self.shortcut is None else self.shortcut(o))
-
-
-class ResNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Conv2d(1, 6, 3, padding=1)
-        self.block1 = Block(6, 6)
-        self.block2 = Block(6, 12, stride=2)
-        self.bn = nn.BatchNorm2d(12)
-        self.fc1 = nn.Linear(12 * 4, 12)
-        self.fc2 = nn.Linear(12, 3)
-
-    def forward(self, x):
-        x = self.block2(self.block1(self.stem(x)))
-        x = F.adaptive_avg_pool2d(F.relu(self.bn(x)), 2).flatten(1)
-        return self.fc2(F.relu(self.fc1(x)))
 
 
 def _x(n=4):

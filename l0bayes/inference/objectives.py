@@ -28,7 +28,7 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 
 from ..nn.density import density_names, test_time_gate_density
-from ..nn.gates import gates_of
+from ..nn.gates import gate_owners
 from ..pruning.size import network_size
 from .errors import NonFiniteLossError
 from .free_energy import free_energy
@@ -239,8 +239,9 @@ class ConstrainedObjective(Objective):
         self.what = "parameters" if target_flops is None else "flops"
         self.target_name = "target_density" if target_flops is None else "target_flops"
         target = target_density if target_flops is None else target_flops
-        self.gates = [g for _, g in gates_of(model)]
-        self.layers = [_owner(model, name) for name, _ in gates_of(model)]
+        owners = gate_owners(model)
+        self.gates = [gate for _, gate in owners]
+        self.layers = [layer for layer, _ in owners]
         self.layer_names = density_names(model)
         self.per_layer = bool(per_layer)
         count = len(self.gates) if self.per_layer else 1
@@ -449,11 +450,6 @@ class ConstrainedObjective(Objective):
 
 def _word(what):
     return "density" if what == "parameters" else "FLOPs"
-
-
-def _owner(model, gate_name):
-    owner = gate_name[: -len(".gate")] if gate_name.endswith(".gate") else ""
-    return model.get_submodule(owner)
 
 
 def _has_example_inputs(model):

@@ -14,6 +14,7 @@ import types
 from .density import architecture, expected_gate_density, test_time_gate_density
 from .gates import (
     HardConcreteGate,
+    gate_owners,
     gate_prior,
     gates_of,
     init_log_alpha,
@@ -53,6 +54,7 @@ _FORMER_MODULES = ("dependency", "export")
 
 __all__ = [
     "HardConcreteGate",
+    "gate_owners",
     "gate_prior",
     "gates_of",
     "init_log_alpha",

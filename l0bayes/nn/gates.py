@@ -152,6 +152,14 @@ def gates_of(module):
     return [(name, m) for name, m in module.named_modules() if isinstance(m, HardConcreteGate)]
 
 
+def gate_owners(module):
+    """``(layer, HardConcreteGate)`` pairs in registration order: each gate with the module that holds it.
+
+    The layer is the gate's parent (``fc1`` for ``fc1.gate``; ``module`` itself for a gate it holds directly).
+    """
+    return [(module.get_submodule(name.rpartition(".")[0]), gate) for name, gate in gates_of(module)]
+
+
 @contextlib.contextmanager
 def pyro_gates(module, prior, prefix=""):
     """Within this context every gate of ``module`` is a ``pyro.sample`` site drawing from ``prior``.

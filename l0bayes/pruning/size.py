@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from ..nn.density import density_names
-from ..nn.gates import gates_of
+from ..nn.gates import gate_owners, gates_of
 from ..nn.layers import L0Conv2d, L0Linear
 from .counting import _positions, _trace, count_parameters
 from .dependency import structure
@@ -129,13 +129,14 @@ class NetworkSize:
         self.graph = is_sparsified(net)
         self.sides = {}  # id(module) -> {"in": _Side, "out": _Side}
         self.modules = {}  # id(module) -> module (those with parameters, gates excluded)
-        gate_params = {id(p) for _, g in gates_of(net) for p in g.parameters()}
+        owners = gate_owners(net)
+        self.gated = [layer for layer, _ in owners]
+        self.gates = [gate for _, gate in owners]
+        self._gate_params = {id(p) for g in self.gates for p in g.parameters()}
         for m in net.modules():
-            own = [p for p in m.parameters(recurse=False) if id(p) not in gate_params]
-            if own:
+            if self._own_parameters(m):
                 self.modules[id(m)] = m
-        self.gated = [_owner(net, name) for name, _ in gates_of(net)]
-        self.gates = [g for _, g in gates_of(net)]
+        self._dense_cache = {}  # (what, modules) -> the dense count of those modules
         self.names = density_names(module) if self.gates else []
         self._layer_modules = [self._own_modules(layer) for layer in self.gated]
         #: ``True`` when the counts follow prune(); ``False`` for a network prune() cannot walk (e.g. a
@@ -244,8 +245,12 @@ class NetworkSize:
         count = sides[side].alive(values, like)
         return count.clamp(min=1.0) if exact else count  # prune() keeps at least one unit
 
+    def _own_parameters(self, module):
+        """``module``'s own parameters, its gates' ``log_alpha`` excluded."""
+        return [p for p in module.parameters(recurse=False) if id(p) not in self._gate_params]
+
     def _module_parameters(self, module, values, like, exact):
-        own = [p for p in module.parameters(recurse=False) if not _is_gate_param(module, p)]
+        own = self._own_parameters(module)
         if id(module) not in self.sides:
             return like.new_tensor(float(sum(p.numel() for p in own)))
         n_out, n_in = _out_units(module), (in_units(module) if isinstance(module, WEIGHT) else 1)
@@ -294,10 +299,9 @@ class NetworkSize:
 
     def _dense_of(self, what, modules):
         key = (what, tuple(id(m) for m in modules))
-        cache = self.__dict__.setdefault("_dense_cache", {})
-        if key not in cache:
-            cache[key] = self._dense_uncached(what, modules)
-        return cache[key]
+        if key not in self._dense_cache:
+            self._dense_cache[key] = self._dense_uncached(what, modules)
+        return self._dense_cache[key]
 
     def _dense_uncached(self, what, modules):
         ones = self._values(None)
@@ -364,11 +368,6 @@ class NetworkSize:
         return torch.stack(out)
 
 
-def _is_gate_param(module, p):
-    gate = getattr(module, "gate", None)
-    return isinstance(gate, nn.Module) and any(p is g for g in gate.parameters())
-
-
 def _out_units(module):
     if isinstance(module, WEIGHT):
         return out_units(module)
@@ -382,11 +381,6 @@ def _network(module):
     if isinstance(net, nn.Module) and gates_of(net) and len(gates_of(net)) == len(gates_of(module)):
         return net
     return module
-
-
-def _owner(net, gate_name):
-    owner = gate_name[: -len(".gate")] if gate_name.endswith(".gate") else ""
-    return net.get_submodule(owner)
 
 
 _CACHE = weakref.WeakKeyDictionary()

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn.density import density_names
-from ..nn.gates import HardConcreteGate, gates_of
+from ..nn.gates import HardConcreteGate, gate_owners
 from ..nn.layers import L0Layer
 from .counting import count_parameters
 from .sparsify import _as_tuple, _probe_forward, _remove_hooks, is_sparsified
@@ -983,9 +983,9 @@ class TransformerSize:
             raise ValueError("TransformerSize needs a model of sparsify_transformer()")
         self.net = net
         self.input_shape = input_shape
-        named = gates_of(net)
-        self.gates = [g for _, g in named]
-        self.gated = [net.get_submodule(n[: -len(".gate")]) for n, _ in named]
+        owners = gate_owners(net)
+        self.gates = [gate for _, gate in owners]
+        self.gated = [layer for layer, _ in owners]
         self.names = density_names(module)
         calls, tokens = _linear_calls(net, net._l0_example_inputs)
         self.calls = calls  # (not None: FLOPs per token need no input shape)
