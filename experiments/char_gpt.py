@@ -445,18 +445,23 @@ def run_constrained(args, data, seed, target):
     )
 
 
-def run_scratch(args, data, seed, target):
-    name = f"scratch{target:g}-s{seed}"
+def run_scratch(args, data, seed, target, short=False):
+    """A dense GPT at the target's size from scratch: for all the steps the pruned model saw (dense and pruning),
+    or, ``short``, for the pruning run's steps only (the comparison of Sheared-LLaMA, which does not count the
+    training of the model that is pruned)."""
+    name = f"scratch{target:g}-short-s{seed}" if short else f"scratch{target:g}-s{seed}"
+    steps = args.prune_steps if short else args.steps + args.prune_steps
     if _exists(args, name):
         return
     config = _config(args)
     heads, d_ff = scratch_config(config, target)
     small_config = {**config, "n_head": heads, "d_ff": d_ff}
     settings = {**_settings(args, name, seed, data["info"]), "target_density": target, "small_config": small_config}
+    settings["scratch_steps"] = steps
     torch.manual_seed(seed)
     net = GPT(**small_config)
     start = time.perf_counter()
-    train_dense(net, data["train"], args.steps + args.prune_steps, args.batch, args.context, args.lr, seed)
+    train_dense(net, data["train"], steps, args.batch, args.context, args.lr, seed)
     wall = time.perf_counter() - start
     x_val, y_val = data["val"]
     dense_params = count_parameters(GPT(**config))
@@ -471,7 +476,7 @@ def run_scratch(args, data, seed, target):
     }
     _write(args, name, {"settings": settings, "final": final})
     print(
-        f"{name}: val {final['val_loss']:.4f} nats/char, {heads} heads, d_ff {d_ff}, params "
+        f"{name}: val {final['val_loss']:.4f} nats/char after {steps} steps, {heads} heads, d_ff {d_ff}, params "
         f"{final['params_fraction']:.3f}, {wall:.0f} s",
         flush=True,
     )
@@ -612,8 +617,8 @@ def plot_runs_head_map(out, name):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", nargs="+", default=["dense", "constrained", "scratch"],
-                        choices=["dense", "constrained", "scratch"])  # fmt: skip
+    parser.add_argument("--runs", nargs="+", default=["dense", "constrained", "scratch", "scratch-short"],
+                        choices=["dense", "constrained", "scratch", "scratch-short"])  # fmt: skip
     parser.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.25], help="parameter fractions")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=400, help="dense steps before pruning")
@@ -683,6 +688,9 @@ def main(argv=None):
         if "scratch" in args.runs:
             for target in args.targets:
                 run_scratch(args, data, seed, target)
+        if "scratch-short" in args.runs:
+            for target in args.targets:
+                run_scratch(args, data, seed, target, short=True)
     summarize(args.out)
     return 0
 

@@ -22,7 +22,7 @@ from l0bayes.pruning import (
     prune,
     sparsify_transformer,
 )
-from l0bayes.pruning.transformer import _ExplicitMultiheadAttention
+from l0bayes.pruning.transformer.attention import _ExplicitMultiheadAttention
 
 VOCAB, D, HEADS, T = 11, 16, 4, 6
 

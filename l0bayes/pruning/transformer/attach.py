@@ -1,0 +1,92 @@
+"""Attaching head, unit and branch gates to a transformer: :func:`sparsify_transformer`."""
+
+import copy
+
+from torch import nn
+
+from ..sparsify import _as_tuple, is_sparsified
+from .attention import _ExplicitMultiheadAttention, _GatedTransformerEncoderLayer
+from .blocks import _auto_blocks, _branch_modules, _head_groups, _own_parameters, _resolve, _unit_groups
+from .gates import HeadGate, LayerGate, UnitGate
+
+
+def sparsify_transformer(
+    model, blocks=None, *, example_inputs, heads=True, units=True, layers=True, inplace=False, **gate_kwargs
+):
+    r"""Attach head, unit and branch gates to the blocks of a transformer; returns the gated model.
+
+    :param model: any :class:`torch.nn.Module` holding transformer blocks.
+    :param blocks: the blocks to gate: a list of names or :class:`Block` s. Default: every
+        ``nn.TransformerEncoderLayer``, and every module with an attention and an MLP child of a default name
+        (:data:`ATTENTION_NAMES`, :data:`MLP_NAMES`).
+    :param example_inputs: a tensor (or tuple) the model accepts, e.g. a batch of token ids; kept on the model
+        for :func:`~l0bayes.pruning.prune` (which checks the pruned model against the gated one on it) and for
+        the counts of :class:`TransformerSize` (FLOPs per token).
+    :param bool heads: attach a :class:`HeadGate` ``l0_heads`` to every block.
+    :param bool units: attach a :class:`UnitGate` ``l0_units`` to every block.
+    :param bool layers: attach :class:`LayerGate` s ``l0_attention`` and ``l0_mlp`` to every block.
+    :param inplace: modify ``model`` itself instead of a deep copy.
+    :param gate_kwargs: ``init_drop_rate``, ``temperature``, ``lower``, ``upper``, ``init_std`` of every gate.
+    :returns: the gated model, in the training mode ``model`` was in; its gates are listed by
+        :func:`~l0bayes.nn.gates_of` as ``"<block>.l0_heads.gate"``, ``"<block>.l0_units.gate"``, ...
+    """
+    if not (heads or units or layers):
+        raise ValueError("heads, units and layers are all False: nothing to gate")
+    if example_inputs is None:
+        raise ValueError("sparsify_transformer needs example_inputs (a batch the model accepts)")
+    if is_sparsified(model) or is_transformer_gated(model):
+        raise ValueError("the model already has gates")
+    if not inplace:
+        model = copy.deepcopy(model)
+    names = _auto_blocks(model) if blocks is None else list(blocks)
+    if not names:
+        raise ValueError("no transformer block found; name them with blocks=[...]")
+    resolved = [_resolve(model, b) for b in names]
+    seen = set()
+    for r in resolved:
+        if r.name in seen:
+            raise ValueError(f"block {r.name!r} named twice")
+        seen.add(r.name)
+    for r in resolved:
+        _attach_block(model, r, heads, units, layers, gate_kwargs)
+    for m in model.modules():  # the nested-tensor fast path would skip the gates
+        if isinstance(m, nn.TransformerEncoder):
+            m.use_nested_tensor = False
+    object.__setattr__(model, "_l0_transformer", resolved)
+    object.__setattr__(model, "_l0_example_inputs", tuple(t[:1].detach().clone() for t in _as_tuple(example_inputs)))
+    return model
+
+
+def _attach_block(model, r, heads, units, layers, gate_kwargs):
+    block = model.get_submodule(r.name)
+    attention = model.get_submodule(r.attention)
+    if r.kind in ("encoder", "mha"):
+        attention.__class__ = _ExplicitMultiheadAttention
+    if r.kind == "encoder":
+        block.__class__ = _GatedTransformerEncoderLayer
+    att_modules, mlp_modules = _branch_modules(model, r)
+    if heads:
+        groups, per_head = _head_groups(model, r)
+        holder = HeadGate(r.num_heads, r.head_dim, per_head, **gate_kwargs)
+        holder._groups = groups
+        block.l0_heads = holder
+        model.get_submodule(r.out).register_forward_pre_hook(holder._gate_heads)
+    if units:
+        groups, per_unit = _unit_groups(model, r)
+        down = model.get_submodule(r.down)
+        holder = UnitGate(down.in_features, per_unit, **gate_kwargs)
+        holder._groups = groups
+        block.l0_units = holder
+        down.register_forward_pre_hook(holder._gate_units)
+    if layers:
+        for key, modules, hooked in (("l0_attention", att_modules, r.attention), ("l0_mlp", mlp_modules, r.mlp)):
+            holder = LayerGate(1, max(1, _own_parameters(modules)), **gate_kwargs)
+            holder._groups = [(m, n, 0, 0) for m in modules for n, _ in m.named_parameters()]
+            setattr(block, key, holder)
+            if r.kind != "encoder":  # the encoder layer's forward calls its branch gates itself
+                model.get_submodule(hooked).register_forward_hook(holder._gate_output)
+
+
+def is_transformer_gated(module):
+    """Whether ``module`` holds gates attached by :func:`sparsify_transformer`."""
+    return getattr(module, "_l0_transformer", None) is not None

@@ -1,0 +1,67 @@
+"""The gates of a transformer block: one per head, one per MLP unit, one per residual branch."""
+
+from ...nn.gates import HardConcreteGate
+from ...nn.layers import L0Layer
+
+
+class _TransformerGate(L0Layer):
+    """A transformer gate: an :class:`~l0bayes.nn.L0Layer` holding ``gate``, a child of its block."""
+
+    def __init__(self, num_gates, group_size, **gate_kwargs):
+        super().__init__()
+        self.gate = HardConcreteGate(num_gates, group_size=group_size, **gate_kwargs)
+        self._groups = []  # [(module, name of parameter, dim, width)]: what each gate scales, for Eq. 17
+
+    def expected_l2(self):
+        r"""Eq. 17: :math:`\sum_g q(z_g \ne 0) \|\tilde\theta_g\|^2` over the parameters the gates remove."""
+        q = self.prob_nonzero()
+        total = q.new_zeros(())
+        for module, attr, dim, width in self._groups:
+            p = getattr(module, attr) if "." not in attr else module.get_parameter(attr)
+            if p is None:
+                continue
+            sq = p.pow(2).movedim(dim, 0).reshape(q.shape[0], width, -1).sum((1, 2)) if width else p.pow(2).sum()
+            total = total + (q * sq).sum()
+        return total
+
+
+class HeadGate(_TransformerGate):
+    """One gate per attention head of a block, multiplying the head's output before the output projection.
+
+    Held by the block as ``l0_heads``; a forward pre-hook scales the input of the output projection,
+    viewed as ``(..., num_heads, head_dim)``. ``group_size``: the parameters of one head.
+    """
+
+    def __init__(self, num_heads, head_dim, group_size, **gate_kwargs):
+        super().__init__(num_heads, group_size, **gate_kwargs)
+        self.num_heads, self.head_dim = int(num_heads), int(head_dim)
+
+    def extra_repr(self):
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}"
+
+    def _gate_heads(self, module, args):
+        x = args[0]
+        z = self.gate().to(x.dtype)
+        y = x.unflatten(-1, (self.num_heads, self.head_dim)) * z.unsqueeze(-1)
+        return (y.flatten(-2), *args[1:])
+
+
+class UnitGate(_TransformerGate):
+    """One gate per intermediate unit of a block's MLP, on the input of its second linear layer (``l0_units``)."""
+
+    def _gate_units(self, module, args):
+        return (args[0] * self.gate().to(args[0].dtype), *args[1:])
+
+
+class LayerGate(_TransformerGate):
+    r"""One scalar gate on a residual branch, :math:`x + z f(x)` (``l0_attention``, ``l0_mlp`` of a block).
+
+    The final phase of the constrained objective may close it (a block's branch may go entirely).
+    """
+
+    may_close_all = True
+
+    def _gate_output(self, module, args, output):
+        if isinstance(output, tuple):
+            return (output[0] * self.gate().to(output[0].dtype), *output[1:])
+        return output * self.gate().to(output.dtype)

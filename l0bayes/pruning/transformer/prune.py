@@ -1,0 +1,175 @@
+"""Removing what the gates close: :func:`prune_transformer`."""
+
+import copy
+
+import torch
+from torch import nn
+
+from ..sparsify import _as_tuple, _remove_hooks
+from .attach import is_transformer_gated
+from .attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
+from .blocks import _set
+from .gates import _TransformerGate
+
+
+def _keep(z):
+    """The heads / units to keep: open Eq. 13 gates, and at least one (the first) where all are closed."""
+    keep = z > 0
+    if not keep.any():
+        keep[0] = True
+    return keep
+
+
+def _linear_like(weight, bias):
+    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    new.weight.copy_(weight)
+    if bias is not None:
+        new.bias.copy_(bias)
+    return new
+
+
+def _gate_value(block, key):
+    holder = getattr(block, key, None)
+    return None if holder is None else holder.gate.deterministic()
+
+
+@torch.no_grad()
+def _prune_attention(plain, r, block):
+    """Replace the attention of block ``r`` by its kept heads (Eq. 13 values folded), or a :class:`ZeroBranch`."""
+    z_layer = _gate_value(block, "l0_attention")
+    att = plain.get_submodule(r.attention)
+    if z_layer is not None and float(z_layer) == 0.0:
+        mha = isinstance(att, nn.MultiheadAttention)
+        _set(plain, r.attention, ZeroBranch(pair=mha, batch_first=getattr(att, "batch_first", False)))
+        return
+    z_heads = _gate_value(block, "l0_heads")
+    h, d = r.num_heads, r.head_dim
+    out = plain.get_submodule(r.out)
+    z_heads = torch.ones(h, device=out.weight.device, dtype=out.weight.dtype) if z_heads is None else z_heads
+    keep = _keep(z_heads)
+    rows = keep.repeat_interleave(d)
+    scale = z_heads.to(out.weight.dtype).repeat_interleave(d)[rows]
+    z = 1.0 if z_layer is None else z_layer.to(out.weight.dtype)
+    out_weight = out.weight[:, rows] * scale * z
+    out_bias = None if out.bias is None else out.bias * z
+    if r.kind == "linear":
+        for name in (r.q, r.k, r.v):
+            m = plain.get_submodule(name)
+            _set(plain, name, _linear_like(m.weight[rows], None if m.bias is None else m.bias[rows]))
+        _set(plain, r.out, _linear_like(out_weight, out_bias))
+        setattr(att, r.heads_attr, int(keep.sum()))
+        if isinstance(getattr(att, "all_head_size", None), int):
+            att.all_head_size = int(keep.sum()) * d
+        return
+    e = att.embed_dim
+    if att._qkv_same_embed_dim:
+        w = att.in_proj_weight
+        weights = (w[:e], w[e : 2 * e], w[2 * e :])
+    else:
+        weights = (att.q_proj_weight, att.k_proj_weight, att.v_proj_weight)
+    b = att.in_proj_bias
+    biases = (None, None, None) if b is None else (b[:e], b[e : 2 * e], b[2 * e :])
+    new = PrunedMultiheadAttention(
+        e, int(keep.sum()), d, att.kdim, att.vdim, bias=b is not None, batch_first=att.batch_first, dropout=att.dropout
+    ).to(device=out.weight.device, dtype=out.weight.dtype)
+    for proj, w_, b_ in zip((new.q_proj, new.k_proj, new.v_proj), weights, biases, strict=True):
+        proj.weight.copy_(w_[rows])
+        if b_ is not None:
+            proj.bias.copy_(b_[rows])
+    new.out_proj = _linear_like(out_weight, out_bias)
+    _set(plain, r.attention, new)
+
+
+@torch.no_grad()
+def _prune_mlp(plain, r, block):
+    """Remove the closed units of block ``r``'s MLP (Eq. 13 values folded), or the whole branch. ``False``: gone."""
+    z_layer = _gate_value(block, "l0_mlp")
+    if z_layer is not None and float(z_layer) == 0.0:
+        if r.kind != "encoder":
+            _set(plain, r.mlp, ZeroBranch())
+        return False
+    down = plain.get_submodule(r.down)
+    z_units = _gate_value(block, "l0_units")
+    if z_units is None:
+        z_units = torch.ones(down.in_features, device=down.weight.device, dtype=down.weight.dtype)
+    keep = _keep(z_units)
+    z = 1.0 if z_layer is None else z_layer.to(down.weight.dtype)
+    for name in r.up:
+        m = plain.get_submodule(name)
+        _set(plain, name, _linear_like(m.weight[keep], None if m.bias is None else m.bias[keep]))
+    weight = down.weight[:, keep] * z_units.to(down.weight.dtype)[keep] * z
+    _set(plain, r.down, _linear_like(weight, None if down.bias is None else down.bias * z))
+    return True
+
+
+def _strip_hooks(plain):
+    """Remove every hook of the transformer gates, from every module."""
+    holders = [m for m in plain.modules() if isinstance(m, _TransformerGate)]
+    for m in plain.modules():
+        for holder in holders:
+            _remove_hooks(m, holder)
+
+
+@torch.no_grad()
+def prune_transformer(model, example_inputs=None):
+    r"""A plain module equal to the gated ``model`` in ``eval()`` mode, without its closed heads, units and branches.
+
+    For every gated block, with the Eq. 13 gates :math:`\hat z`: the rows of :math:`W_Q, W_K, W_V` (and biases)
+    and the columns of :math:`W_O` of the closed heads are removed, and the attention's head count attribute
+    lowered (an ``nn.MultiheadAttention`` becomes a :class:`PrunedMultiheadAttention`); the rows and biases of
+    the MLP's first layer(s) and the columns of its second layer of the closed units are removed; a closed branch
+    becomes a :class:`ZeroBranch` (in an ``nn.TransformerEncoderLayer``, which becomes a
+    :class:`PrunedTransformerEncoderLayer`, the branch is dropped). A block keeps at least one head and one unit.
+    The open gates' values are folded into the output projection's columns, the second MLP layer's columns and
+    each branch's last layer.
+
+    The result is checked against the gated model on ``example_inputs`` (default: those given to
+    :func:`sparsify_transformer`) in float64; a ``ValueError`` says when the attention's forward does not
+    follow the lowered head count.
+    """
+    if not is_transformer_gated(model):
+        raise ValueError("prune_transformer needs a model of sparsify_transformer()")
+    example_inputs = _as_tuple(example_inputs if example_inputs is not None else model._l0_example_inputs)
+    plain = copy.deepcopy(model).eval()
+    _strip_hooks(plain)
+    resolved = plain._l0_transformer
+    for attr in ("_l0_transformer", "_l0_example_inputs"):
+        object.__delattr__(plain, attr)
+    for r in resolved:
+        block = plain.get_submodule(r.name)
+        _prune_attention(plain, r, block)
+        feed_forward = _prune_mlp(plain, r, block)
+        for key in ("l0_heads", "l0_units", "l0_attention", "l0_mlp"):
+            if hasattr(block, key):
+                delattr(block, key)
+        if r.kind == "encoder":
+            _set(plain, r.name, PrunedTransformerEncoderLayer(block, block.self_attn, feed_forward))
+    _check_equal(model, plain, example_inputs)
+    return plain.eval()
+
+
+def _check_equal(model, plain, example_inputs):
+    probe = tuple(
+        t.repeat(2, *([1] * (t.dim() - 1))).double() if t.is_floating_point() else t.repeat(2, *([1] * (t.dim() - 1)))
+        for t in example_inputs
+    )
+    gated64 = copy.deepcopy(model).double().eval()
+    plain64 = copy.deepcopy(plain).double().eval()
+    with torch.no_grad():
+        try:
+            a, b = gated64(*probe), plain64(*probe)
+        except RuntimeError as err:
+            raise ValueError(
+                f"the pruned model does not run ({str(err).splitlines()[0]}): does the attention's forward read its "
+                "head count from the attribute prune() lowers, rather than from the embedding width?"
+            ) from None
+    a = a if torch.is_tensor(a) else torch.cat([o.flatten() for o in a])
+    b = b if torch.is_tensor(b) else torch.cat([o.flatten() for o in b])
+    # the gates are folded in the model's precision: a structural mismatch is far larger than its rounding
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    scale = float(a.abs().max()) + 1.0
+    if a.shape != b.shape or float((a - b).abs().max()) > 100 * torch.finfo(dtype).eps * scale:
+        raise ValueError(
+            "the pruned model differs from the gated one: does the attention's forward read its head count from "
+            "the attribute prune() lowers, and is each branch's output its last linear layer's (scaled) output?"
+        )
