@@ -2,12 +2,14 @@
 
 import copy
 
+import torch
 from torch import nn
 
-from ..sparsify import _as_tuple, is_sparsified
+from ..sparsify import _as_tuple, _probe_forward, is_sparsified
 from .attention import _ExplicitMultiheadAttention, _GatedTransformerEncoderLayer
 from .blocks import _auto_blocks, _branch_modules, _head_groups, _own_parameters, _resolve, _unit_groups
 from .gates import HeadGate, LayerGate, UnitGate
+from .projections import features
 
 
 def sparsify_transformer(
@@ -17,8 +19,9 @@ def sparsify_transformer(
 
     :param model: any :class:`torch.nn.Module` holding transformer blocks.
     :param blocks: the blocks to gate: a list of names or :class:`Block` s. Default: every
-        ``nn.TransformerEncoderLayer``, and every module with an attention and an MLP child of a default name
-        (:data:`ATTENTION_NAMES`, :data:`MLP_NAMES`).
+        ``nn.TransformerEncoderLayer``, every BERT-style layer (:data:`POST_NORM_LAYOUT`) and every module with an
+        attention and an MLP child of a default name (:data:`ATTENTION_NAMES`, :data:`MLP_NAMES`), which covers
+        Hugging Face's GPT-2 blocks.
     :param example_inputs: a tensor (or tuple) the model accepts, e.g. a batch of token ids; kept on the model
         for :func:`~l0bayes.pruning.prune` (which checks the pruned model against the gated one on it) and for
         the counts of :class:`TransformerSize` (FLOPs per token).
@@ -47,6 +50,8 @@ def sparsify_transformer(
         if r.name in seen:
             raise ValueError(f"block {r.name!r} named twice")
         seen.add(r.name)
+    if layers:
+        _probe_outputs(model, resolved, _as_tuple(example_inputs))
     for r in resolved:
         _attach_block(model, r, heads, units, layers, gate_kwargs)
     for m in model.modules():  # the nested-tensor fast path would skip the gates
@@ -55,6 +60,39 @@ def sparsify_transformer(
     object.__setattr__(model, "_l0_transformer", resolved)
     object.__setattr__(model, "_l0_example_inputs", tuple(t[:1].detach().clone() for t in _as_tuple(example_inputs)))
     return model
+
+
+def _probe_outputs(model, resolved, inputs):
+    """Fill in each block's ``outputs`` (what a :class:`ZeroBranch` in its attention's place must return) by one
+    forward pass; a ``ValueError`` where a gated module's output is neither a tensor nor a ``(tensor, ...)`` pair."""
+    seen = {}
+
+    def hook(name):
+        def record(module, args, output):
+            seen[name] = output
+
+        return record
+
+    watched = {}
+    for r in resolved:
+        if r.kind == "encoder":
+            continue
+        owner = r.heads_owner if r.branch_output == "projection" else r.attention
+        watched[owner] = r
+    handles = [model.get_submodule(n).register_forward_hook(hook(n)) for n in watched]
+    _probe_forward(model, inputs, handles)
+    for name, r in watched.items():
+        output = seen.get(name)
+        if torch.is_tensor(output):
+            r.outputs = 0
+        elif isinstance(output, tuple) and len(output) == 2 and torch.is_tensor(output[0]):
+            r.outputs = 2
+        else:
+            what = "not called" if name not in seen else f"a {type(output).__name__}"
+            raise ValueError(
+                f"{name}: branch gates need the attention's output to be a tensor or a (tensor, weights) pair; on "
+                f"example_inputs it was {what} (layers=False gates heads and units only)"
+            )
 
 
 def _attach_block(model, r, heads, units, layers, gate_kwargs):
@@ -74,12 +112,13 @@ def _attach_block(model, r, heads, units, layers, gate_kwargs):
     if units:
         groups, per_unit = _unit_groups(model, r)
         down = model.get_submodule(r.down)
-        holder = UnitGate(down.in_features, per_unit, **gate_kwargs)
+        holder = UnitGate(features(down)[0], per_unit, **gate_kwargs)
         holder._groups = groups
         block.l0_units = holder
         down.register_forward_pre_hook(holder._gate_units)
     if layers:
-        for key, modules, hooked in (("l0_attention", att_modules, r.attention), ("l0_mlp", mlp_modules, r.mlp)):
+        outputs = (r.out, r.down) if r.branch_output == "projection" else (r.attention, r.mlp)
+        for key, modules, hooked in (("l0_attention", att_modules, outputs[0]), ("l0_mlp", mlp_modules, outputs[1])):
             holder = LayerGate(1, max(1, _own_parameters(modules)), **gate_kwargs)
             holder._groups = [(m, n, 0, 0) for m in modules for n, _ in m.named_parameters()]
             setattr(block, key, holder)

@@ -150,18 +150,23 @@ class PrunedMultiheadAttention(nn.Module):
 
 
 class ZeroBranch(nn.Module):
-    """A removed residual branch: zeros shaped like its first input (a pair ``(zeros, None)`` for an attention
-    module that returns one, as ``nn.MultiheadAttention`` does)."""
+    """A removed residual branch: zeros shaped like its first input, with ``features`` in the last dimension when
+    given (a pair ``(zeros, None)`` for an attention module that returns one, as ``nn.MultiheadAttention`` and
+    Hugging Face's attentions do)."""
 
-    def __init__(self, pair=False, batch_first=False):
+    def __init__(self, pair=False, batch_first=False, features=None):
         super().__init__()
         self.pair, self.batch_first = bool(pair), bool(batch_first)
+        self.features = None if features is None else int(features)
 
     def extra_repr(self):
-        return f"pair={self.pair}"
+        return f"pair={self.pair}" + ("" if self.features is None else f", features={self.features}")
 
     def forward(self, x, *args, **kwargs):
-        zeros = torch.zeros_like(x)
+        if self.features is None:
+            zeros = torch.zeros_like(x)
+        else:
+            zeros = x.new_zeros((*x.shape[:-1], self.features))
         return (zeros, None) if self.pair else zeros
 
 

@@ -1,10 +1,11 @@
 """Which modules of a transformer block are its attention, projections and MLP: :class:`Block` and its resolution."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import nn
 
 from ...nn.gates import HardConcreteGate
+from .projections import features, is_projection, out_dim
 
 #: Default names, searched in this order, of a block's attention module, its projections and head count,
 #: and of its MLP module and layers.
@@ -12,6 +13,7 @@ ATTENTION_NAMES = ("attn", "attention", "self_attn", "self_attention", "mha")
 Q_NAMES = ("q_proj", "query", "q", "wq", "q_lin")
 K_NAMES = ("k_proj", "key", "k", "wk", "k_lin")
 V_NAMES = ("v_proj", "value", "v", "wv", "v_lin")
+QKV_NAMES = ("c_attn", "qkv", "qkv_proj", "Wqkv", "to_qkv")
 OUT_NAMES = ("out_proj", "o_proj", "out", "proj", "c_proj", "wo", "dense", "out_lin")
 HEADS_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads", "heads")
 MLP_NAMES = ("mlp", "ffn", "feed_forward", "ff", "ffwd")
@@ -23,20 +25,33 @@ DOWN_NAMES = ("fc2", "c_proj", "down_proj", "w2", "lin2", "fc_out", "linear2", "
 class Block:
     """One transformer block to gate: the ``blocks`` argument of :func:`sparsify_transformer`.
 
-    Names are relative: ``attention`` and ``mlp`` to the block, the projections to the attention module,
-    ``up`` and ``down`` to the MLP module. ``None`` searches the defaults (:data:`ATTENTION_NAMES`,
-    :data:`Q_NAMES`, ...). An ``nn.TransformerEncoderLayer`` needs only its ``name``.
+    Names are relative: ``attention`` and ``mlp`` to the block, the projections and ``heads_attr`` to the
+    attention module, ``up`` and ``down`` to the MLP module; dotted names reach further down. ``None`` searches
+    the defaults (:data:`ATTENTION_NAMES`, :data:`Q_NAMES`, ...). An ``nn.TransformerEncoderLayer`` needs only
+    its ``name``; so do Hugging Face's GPT-2 blocks (a fused ``c_attn`` of ``Conv1D`` layers) and BERT-style
+    layers (``attention.self`` with ``query``, ``key``, ``value``; ``attention.output.dense``;
+    ``intermediate.dense``; ``output.dense``; the residual addition and normalisation inside the output
+    modules, so ``branch_output="projection"``).
+
+    A projection is an ``nn.Linear`` or Hugging Face's ``Conv1D`` (a linear layer storing its weight
+    ``(in, out)``).
 
     :param name: the block (qualified name as in :meth:`torch.nn.Module.named_modules`).
     :param attention: the attention module: an ``nn.MultiheadAttention``, or a module with ``q``, ``k``,
-        ``v`` and ``out`` ``nn.Linear`` layers whose forward splits the projections into ``num_heads`` heads
-        of ``q.out_features / num_heads`` features each (head-major, as GPT-2 and BERT do) and reads the head
-        count from the attribute ``heads_attr`` (which :func:`prune_transformer` lowers). Its output is the
-        attention branch (what the block adds to the residual stream).
-    :param num_heads: the number of heads; default: the attention module's ``heads_attr``.
-    :param mlp: the MLP module; its output is the MLP branch. Its ``up`` layers (one, or several read
-        element-wise together, as a gated linear unit) feed, through element-wise operations, its ``down``
-        layer.
+        ``v`` (or one fused ``qkv``) and ``out`` projections whose forward splits the projections into
+        ``num_heads`` heads of equal width (head-major, as GPT-2 and BERT do) and reads the head count from
+        the attribute ``heads_attr`` (which :func:`prune_transformer` lowers, with ``all_head_size`` and
+        ``split_size`` where the module has them) or infers it from the width.
+    :param qkv: one projection computing q, k and v, concatenated in that order (GPT-2's ``c_attn``).
+    :param num_heads: the number of heads; default: the attribute ``heads_attr``.
+    :param mlp: the MLP module (``""``: the block itself). Its ``up`` layers (one, or several read element-wise
+        together, as a gated linear unit) feed, through element-wise operations, its ``down`` layer.
+    :param branch_output: where a residual branch's output is, for its :class:`LayerGate`: ``"module"``
+        (default: the attention and MLP modules' outputs, what the block adds to the residual stream) or
+        ``"projection"`` (the ``out`` and ``down`` projections' outputs, for blocks that add and normalise
+        inside the module holding the projection, as BERT does: ``norm(x + z f(x))``). With
+        ``"projection"``, ``q``, ``k``, ``v`` live in a module of their own (the owner of ``heads_attr``),
+        which a closed branch replaces by a :class:`ZeroBranch` together with ``out``.
     """
 
     name: str
@@ -44,17 +59,38 @@ class Block:
     q: str | None = None
     k: str | None = None
     v: str | None = None
+    qkv: str | None = None
     out: str | None = None
     num_heads: int | None = None
     heads_attr: str | None = None
     mlp: str | None = None
     up: str | list | None = None
     down: str | None = None
+    branch_output: str | None = None
+
+
+#: The layout of a BERT-style layer (Hugging Face's BERT, RoBERTa, ...), relative to the layer.
+POST_NORM_LAYOUT = {
+    "attention": "attention",
+    "q": "self.query",
+    "k": "self.key",
+    "v": "self.value",
+    "out": "output.dense",
+    "heads_attr": "self.num_attention_heads",
+    "mlp": "",
+    "up": "intermediate.dense",
+    "down": "output.dense",
+    "branch_output": "projection",
+}
 
 
 @dataclass
 class _Resolved:
-    """A :class:`Block` with absolute names, its kind (``"encoder"``, ``"linear"``, ``"mha"``) and head shapes."""
+    """A :class:`Block` with absolute names, its kind (``"encoder"``, ``"linear"``, ``"mha"``) and head shapes.
+
+    ``fused``: ``q``, ``k`` and ``v`` name one projection (q, k, v concatenated). ``outputs``: the attention
+    module returns a tensor (0) or a tuple of that length (filled in by :func:`sparsify_transformer`'s probe).
+    """
 
     name: str
     kind: str
@@ -65,10 +101,14 @@ class _Resolved:
     out: str
     num_heads: int
     head_dim: int
+    heads_owner: str | None
     heads_attr: str | None
     mlp: str | None
     up: list
     down: str
+    fused: bool = False
+    branch_output: str = "module"
+    outputs: int = 0
 
 
 def _join(*parts):
@@ -82,14 +122,28 @@ def _first(module, names, what, where):
     raise ValueError(f"{where}: no {what} among the default names {list(names)}; name it in Block(...)")
 
 
-def _linear(model, name, what):
+def _projection(model, name, what):
     try:
         m = model.get_submodule(name)
     except AttributeError:
         raise ValueError(f"{what}: no module named {name!r} in the model") from None
-    if not isinstance(m, nn.Linear):
-        raise TypeError(f"{what} {name!r} must be an nn.Linear, got {type(m).__name__}")
+    if not is_projection(m):
+        raise TypeError(f"{what} {name!r} must be an nn.Linear (or Hugging Face's Conv1D), got {type(m).__name__}")
     return m
+
+
+def _has(module, path):
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if not isinstance(module, nn.Module):
+            return False
+    return True
+
+
+def is_post_norm_layer(module):
+    """Whether ``module`` has the layout :data:`POST_NORM_LAYOUT` (a BERT-style layer)."""
+    paths = ("attention.self", "attention.output.dense", "intermediate.dense", "output.dense")
+    return all(_has(module, p) for p in paths)
 
 
 def _resolve(model, block):
@@ -105,75 +159,117 @@ def _resolve(model, block):
         mha = module.self_attn
         _check_mha(mha, _join(block.name, "self_attn"))
         return _Resolved(
-            block.name,
-            "encoder",
-            _join(block.name, "self_attn"),
-            None,
-            None,
-            None,
-            _join(block.name, "self_attn", "out_proj"),
-            mha.num_heads,
-            mha.head_dim,
-            None,
-            None,
-            [_join(block.name, "linear1")],
-            _join(block.name, "linear2"),
-        )
+            block.name, "encoder", _join(block.name, "self_attn"), None, None, None,
+            _join(block.name, "self_attn", "out_proj"), mha.num_heads, mha.head_dim, None, None, None,
+            [_join(block.name, "linear1")], _join(block.name, "linear2"),
+        )  # fmt: skip
+    if block.attention is None and block.mlp is None and is_post_norm_layer(module):
+        given = {k: getattr(block, k) for k in POST_NORM_LAYOUT if getattr(block, k) is not None}
+        block = replace(block, **{**POST_NORM_LAYOUT, **given})
+    branch_output = block.branch_output or "module"
+    if branch_output not in ("module", "projection"):
+        raise ValueError(f"{block.name}: branch_output must be 'module' or 'projection', got {block.branch_output!r}")
     att_rel = block.attention or _first(module, ATTENTION_NAMES, "attention module", block.name)
     attention = _join(block.name, att_rel)
     att = model.get_submodule(attention)
-    mlp_rel = block.mlp or _first(module, MLP_NAMES, "MLP module", block.name)
+    mlp_rel = block.mlp if block.mlp is not None else _first(module, MLP_NAMES, "MLP module", block.name)
     mlp = _join(block.name, mlp_rel)
     mlp_module = model.get_submodule(mlp)
+    if mlp == block.name and branch_output == "module":
+        raise ValueError(f"{block.name}: mlp='' (the block itself) needs branch_output='projection'")
+    up, down = _resolve_mlp(model, block, mlp, mlp_module)
+    if isinstance(att, nn.MultiheadAttention):
+        _check_mha(att, attention)
+        return _Resolved(
+            block.name, "mha", attention, None, None, None, _join(attention, "out_proj"),
+            att.num_heads, att.head_dim, None, None, mlp, up, down, branch_output=branch_output,
+        )  # fmt: skip
+    names, fused = _resolve_projections(model, block, attention, att)
+    owner, attr, num_heads = _resolve_heads(model, block, attention, att)
+    qkv = model.get_submodule(names["q"])
+    width = features(qkv)[1] // (3 if fused else 1)
+    if fused and features(qkv)[1] % 3:
+        raise ValueError(f"{names['q']}: {features(qkv)[1]} outputs do not split into q, k and v")
+    if num_heads <= 0 or width % num_heads:
+        raise ValueError(f"{attention}: {width} query features do not split into num_heads={num_heads} heads")
+    for key in ("k", "v"):
+        if features(model.get_submodule(names[key]))[1] != width * (3 if fused else 1):
+            raise ValueError(f"{names[key]} has {features(model.get_submodule(names[key]))[1]} outputs, q {width}")
+    if features(model.get_submodule(names["out"]))[0] != width:
+        inputs = features(model.get_submodule(names["out"]))[0]
+        raise ValueError(f"{names['out']} has {inputs} inputs, q {width} outputs")
+    if branch_output == "projection":
+        inside = all(names[k].startswith(owner + ".") for k in "qkv") and not names["out"].startswith(owner + ".")
+        if owner == attention or not inside:
+            raise ValueError(
+                f"{block.name}: branch_output='projection' needs q, k and v in a module of their own, the owner of "
+                f"heads_attr (BERT's attention.self), apart from the output projection {names['out']}"
+            )
+    return _Resolved(
+        block.name, "linear", attention, names["q"], names["k"], names["v"], names["out"], num_heads,
+        width // num_heads, owner, attr, mlp, up, down, fused=fused, branch_output=branch_output,
+    )  # fmt: skip
+
+
+def _resolve_mlp(model, block, mlp, mlp_module):
+    """Absolute names of the MLP's up layers and its down layer, checked."""
     ups = block.up
     if ups is None:
-        ups = [n for n in UP_NAMES if isinstance(getattr(mlp_module, n, None), nn.Linear)]
+        ups = [n for n in UP_NAMES if is_projection(getattr(mlp_module, n, None))]
     ups = [ups] if isinstance(ups, str) else list(ups)
     down_rel = block.down or _first(mlp_module, [n for n in DOWN_NAMES if n not in ups], "second (down) MLP layer", mlp)
     if not ups:
         raise ValueError(f"{mlp}: no first (up) MLP layer among the default names {list(UP_NAMES)}; name it")
     up = [_join(mlp, u) for u in ups]
     down = _join(mlp, down_rel)
-    down_layer = _linear(model, down, "down")
+    width = features(_projection(model, down, "down"))[0]
     for name in up:
-        if _linear(model, name, "up").out_features != down_layer.in_features:
-            raise ValueError(
-                f"{name} has {model.get_submodule(name).out_features} outputs, {down} {down_layer.in_features} inputs"
-            )
-    if isinstance(att, nn.MultiheadAttention):
-        _check_mha(att, attention)
-        return _Resolved(
-            block.name, "mha", attention, None, None, None, _join(attention, "out_proj"),
-            att.num_heads, att.head_dim, None, mlp, up, down,
-        )  # fmt: skip
+        if features(_projection(model, name, "up"))[1] != width:
+            raise ValueError(f"{name} has {features(model.get_submodule(name))[1]} outputs, {down} {width} inputs")
+    return up, down
+
+
+def _resolve_projections(model, block, attention, att):
+    """``({"q", "k", "v", "out": absolute name}, fused)``: separate q/k/v projections, or one fused ``qkv``."""
+    fused = block.qkv is not None
+    if not fused and block.q is None and not any(_has(att, n) for n in Q_NAMES):
+        if any(_has(att, n) for n in QKV_NAMES):
+            fused = True
     names = {}
-    for key, defaults in (("q", Q_NAMES), ("k", K_NAMES), ("v", V_NAMES), ("out", OUT_NAMES)):
-        rel = getattr(block, key) or _first(att, defaults, f"{key} projection", attention)
-        names[key] = _join(attention, rel)
-        _linear(model, names[key], key)
+    if fused:
+        rel = block.qkv or _first(att, QKV_NAMES, "fused qkv projection", attention)
+        names["q"] = names["k"] = names["v"] = _join(attention, rel)
+        _projection(model, names["q"], "qkv")
+    else:
+        for key, defaults in (("q", Q_NAMES), ("k", K_NAMES), ("v", V_NAMES)):
+            rel = getattr(block, key) or _first(att, defaults, f"{key} projection", attention)
+            names[key] = _join(attention, rel)
+            _projection(model, names[key], key)
+    names["out"] = _join(attention, block.out or _first(att, OUT_NAMES, "out projection", attention))
+    _projection(model, names["out"], "out")
+    return names, fused
+
+
+def _resolve_heads(model, block, attention, att):
+    """``(owner module name, attribute, head count)``: where the attention reads its head count."""
     heads_attr = block.heads_attr
     if heads_attr is None:
         heads_attr = next((a for a in HEADS_ATTRS if isinstance(getattr(att, a, None), int)), None)
-    num_heads = block.num_heads if block.num_heads is not None else getattr(att, heads_attr or "", None)
-    if heads_attr is None or not isinstance(num_heads, int):
+    if heads_attr is None:
         raise ValueError(
             f"{attention}: the head count is read from an int attribute of the attention module "
             f"(one of {list(HEADS_ATTRS)}, or heads_attr=...), which prune() lowers; none found"
         )
-    q = model.get_submodule(names["q"])
-    width = q.out_features
-    if num_heads <= 0 or width % num_heads:
-        raise ValueError(f"{attention}: {width} query features do not split into num_heads={num_heads} heads")
-    for key in ("k", "v"):
-        if model.get_submodule(names[key]).out_features != width:
-            raise ValueError(f"{names[key]} has {model.get_submodule(names[key]).out_features} outputs, q {width}")
-    if model.get_submodule(names["out"]).in_features != width:
-        inputs = model.get_submodule(names["out"]).in_features
-        raise ValueError(f"{names['out']} has {inputs} inputs, q {width} outputs")
-    return _Resolved(
-        block.name, "linear", attention, names["q"], names["k"], names["v"], names["out"],
-        num_heads, width // num_heads, heads_attr, mlp, up, down,
-    )  # fmt: skip
+    owner_rel, _, attr = heads_attr.rpartition(".")
+    owner = _join(attention, owner_rel)
+    try:
+        owner_module = model.get_submodule(owner)
+    except AttributeError:
+        raise ValueError(f"heads_attr {heads_attr!r}: no module {owner!r}") from None
+    num_heads = block.num_heads if block.num_heads is not None else getattr(owner_module, attr, None)
+    if not isinstance(getattr(owner_module, attr, None), int) or not isinstance(num_heads, int):
+        raise ValueError(f"{owner}: no int attribute {attr!r} (the head count, which prune() lowers)")
+    return owner, attr, num_heads
 
 
 def _check_mha(mha, name):
@@ -182,10 +278,11 @@ def _check_mha(mha, name):
 
 
 def _auto_blocks(model):
-    """Every ``nn.TransformerEncoderLayer`` and every module with a default attention and MLP child."""
+    """Every ``nn.TransformerEncoderLayer``, every BERT-style layer and every module with a default attention and
+    MLP child."""
     out = []
     for name, m in model.named_modules():
-        if isinstance(m, nn.TransformerEncoderLayer):
+        if isinstance(m, nn.TransformerEncoderLayer) or is_post_norm_layer(m):
             out.append(name)
         elif any(isinstance(getattr(m, a, None), nn.Module) for a in ATTENTION_NAMES) and any(
             isinstance(getattr(m, a, None), nn.Module) for a in MLP_NAMES
@@ -204,18 +301,27 @@ def _head_groups(model, r):
     d = r.head_dim
     if r.kind == "linear":
         groups = []
-        for name in (r.q, r.k, r.v):
-            m = model.get_submodule(name)
-            groups += [(m, "weight", 0, d), (m, "bias", 0, d)]
-        groups.append((model.get_submodule(r.out), "weight", 1, d))
+        if r.fused:
+            m = model.get_submodule(r.q)
+            dim, width = out_dim(m), r.num_heads * d
+            for i in range(3):
+                groups.append((_SliceView(m, "weight", dim, i * width, width), "value", dim, d))
+                groups.append((_SliceView(m, "bias", 0, i * width, width), "value", 0, d))
+        else:
+            for name in (r.q, r.k, r.v):
+                m = model.get_submodule(name)
+                groups += [(m, "weight", out_dim(m), d), (m, "bias", 0, d)]
+        out = model.get_submodule(r.out)
+        groups.append((out, "weight", 1 - out_dim(out), d))
     else:
         mha = model.get_submodule(r.attention)
+        e = mha.embed_dim
         if mha._qkv_same_embed_dim:
-            groups = [(_ThirdsView(mha, "in_proj_weight", i), "value", 0, d) for i in range(3)]
+            groups = [(_SliceView(mha, "in_proj_weight", 0, i * e, e), "value", 0, d) for i in range(3)]
         else:
             groups = [(mha, a, 0, d) for a in ("q_proj_weight", "k_proj_weight", "v_proj_weight")]
         if mha.in_proj_bias is not None:
-            groups += [(_ThirdsView(mha, "in_proj_bias", i), "value", 0, d) for i in range(3)]
+            groups += [(_SliceView(mha, "in_proj_bias", 0, i * e, e), "value", 0, d) for i in range(3)]
         groups.append((mha.out_proj, "weight", 1, d))
     per_head = 0
     for module, attr, dim, width in groups:
@@ -225,33 +331,38 @@ def _head_groups(model, r):
     return groups, per_head
 
 
-class _ThirdsView:
-    """One third (q, k or v) of an attention's packed ``in_proj_weight`` / ``in_proj_bias``, read on access."""
+class _SliceView:
+    """``length`` entries from ``start`` along ``dim`` of a module's parameter (one of q, k, v in a packed
+    projection), read on access; ``None`` where the module has no such parameter."""
 
-    def __init__(self, module, attr, i):
-        self.module, self.attr, self.i = module, attr, i
+    def __init__(self, module, attr, dim, start, length):
+        self.module, self.attr, self.dim, self.start, self.length = module, attr, dim, start, length
 
     @property
     def value(self):
         p = getattr(self.module, self.attr)
-        e = p.shape[0] // 3
-        return p[self.i * e : (self.i + 1) * e]
+        return None if p is None else p.narrow(self.dim, self.start, self.length)
 
 
 def _unit_groups(model, r):
     groups = []
+    per_unit = 0
     for name in r.up:
         m = model.get_submodule(name)
-        groups += [(m, "weight", 0, 1), (m, "bias", 0, 1)]
-    groups.append((model.get_submodule(r.down), "weight", 1, 1))
-    per_unit = sum(model.get_submodule(n).in_features + (model.get_submodule(n).bias is not None) for n in r.up)
-    return groups, per_unit + model.get_submodule(r.down).out_features
+        groups += [(m, "weight", out_dim(m), 1), (m, "bias", 0, 1)]
+        per_unit += features(m)[0] + (m.bias is not None)
+    down = model.get_submodule(r.down)
+    groups.append((down, "weight", 1 - out_dim(down), 1))
+    return groups, per_unit + features(down)[1]
 
 
 def _branch_modules(model, r):
     """``(attention branch modules, MLP branch modules)``: what a closed branch removes."""
-    attention = [model.get_submodule(r.attention)]
-    if r.kind == "encoder":
+    if r.branch_output == "projection":
+        attention = [model.get_submodule(r.heads_owner), model.get_submodule(r.out)]
+    else:
+        attention = [model.get_submodule(r.attention)]
+    if r.kind == "encoder" or r.branch_output == "projection":
         mlp = [model.get_submodule(n) for n in (*r.up, r.down)]
     else:
         mlp = [model.get_submodule(r.mlp)]

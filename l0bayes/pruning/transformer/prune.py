@@ -1,6 +1,7 @@
 """Removing what the gates close: :func:`prune_transformer`."""
 
 import copy
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -10,6 +11,8 @@ from .attach import is_transformer_gated
 from .attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
 from .blocks import _set
 from .gates import _TransformerGate
+from .projections import features, like
+from .projections import weight as projection_weight
 
 
 def _keep(z):
@@ -20,17 +23,20 @@ def _keep(z):
     return keep
 
 
-def _linear_like(weight, bias):
-    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
-    new.weight.copy_(weight)
-    if bias is not None:
-        new.bias.copy_(bias)
-    return new
-
-
 def _gate_value(block, key):
     holder = getattr(block, key, None)
     return None if holder is None else holder.gate.deterministic()
+
+
+def _close_attention(plain, r, att):
+    """Replace a closed attention branch by :class:`ZeroBranch` es."""
+    pair = r.outputs == 2 or isinstance(att, nn.MultiheadAttention)
+    if r.branch_output == "projection":
+        n_in, n_out = features(plain.get_submodule(r.out))
+        _set(plain, r.heads_owner, ZeroBranch(pair=pair, features=n_in))
+        _set(plain, r.out, ZeroBranch(features=n_out))
+    else:
+        _set(plain, r.attention, ZeroBranch(pair=pair, batch_first=getattr(att, "batch_first", False)))
 
 
 @torch.no_grad()
@@ -39,27 +45,31 @@ def _prune_attention(plain, r, block):
     z_layer = _gate_value(block, "l0_attention")
     att = plain.get_submodule(r.attention)
     if z_layer is not None and float(z_layer) == 0.0:
-        mha = isinstance(att, nn.MultiheadAttention)
-        _set(plain, r.attention, ZeroBranch(pair=mha, batch_first=getattr(att, "batch_first", False)))
+        _close_attention(plain, r, att)
         return
     z_heads = _gate_value(block, "l0_heads")
     h, d = r.num_heads, r.head_dim
     out = plain.get_submodule(r.out)
-    z_heads = torch.ones(h, device=out.weight.device, dtype=out.weight.dtype) if z_heads is None else z_heads
+    w_out = projection_weight(out)
+    z_heads = torch.ones(h, device=w_out.device, dtype=w_out.dtype) if z_heads is None else z_heads
     keep = _keep(z_heads)
+    kept = int(keep.sum())
     rows = keep.repeat_interleave(d)
-    scale = z_heads.to(out.weight.dtype).repeat_interleave(d)[rows]
-    z = 1.0 if z_layer is None else z_layer.to(out.weight.dtype)
-    out_weight = out.weight[:, rows] * scale * z
+    scale = z_heads.to(w_out.dtype).repeat_interleave(d)[rows]
+    z = 1.0 if z_layer is None else z_layer.to(w_out.dtype)
+    out_weight = w_out[:, rows] * scale * z
     out_bias = None if out.bias is None else out.bias * z
     if r.kind == "linear":
-        for name in (r.q, r.k, r.v):
+        for name in dict.fromkeys((r.q, r.k, r.v)):  # one name when fused
             m = plain.get_submodule(name)
-            _set(plain, name, _linear_like(m.weight[rows], None if m.bias is None else m.bias[rows]))
-        _set(plain, r.out, _linear_like(out_weight, out_bias))
-        setattr(att, r.heads_attr, int(keep.sum()))
-        if isinstance(getattr(att, "all_head_size", None), int):
-            att.all_head_size = int(keep.sum()) * d
+            select = rows.repeat(3) if r.fused else rows
+            _set(plain, name, like(m, projection_weight(m)[select], None if m.bias is None else m.bias[select]))
+        _set(plain, r.out, like(out, out_weight, out_bias))
+        owner = plain.get_submodule(r.heads_owner)
+        setattr(owner, r.heads_attr, kept)
+        for attr in ("all_head_size", "split_size"):  # widths some attentions split or reshape by
+            if getattr(owner, attr, None) == h * d and isinstance(getattr(owner, attr), int):
+                setattr(owner, attr, kept * d)
         return
     e = att.embed_dim
     if att._qkv_same_embed_dim:
@@ -70,13 +80,13 @@ def _prune_attention(plain, r, block):
     b = att.in_proj_bias
     biases = (None, None, None) if b is None else (b[:e], b[e : 2 * e], b[2 * e :])
     new = PrunedMultiheadAttention(
-        e, int(keep.sum()), d, att.kdim, att.vdim, bias=b is not None, batch_first=att.batch_first, dropout=att.dropout
-    ).to(device=out.weight.device, dtype=out.weight.dtype)
+        e, kept, d, att.kdim, att.vdim, bias=b is not None, batch_first=att.batch_first, dropout=att.dropout
+    ).to(device=w_out.device, dtype=w_out.dtype)
     for proj, w_, b_ in zip((new.q_proj, new.k_proj, new.v_proj), weights, biases, strict=True):
         proj.weight.copy_(w_[rows])
         if b_ is not None:
             proj.bias.copy_(b_[rows])
-    new.out_proj = _linear_like(out_weight, out_bias)
+    new.out_proj = like(out, out_weight, out_bias)
     _set(plain, r.attention, new)
 
 
@@ -84,21 +94,26 @@ def _prune_attention(plain, r, block):
 def _prune_mlp(plain, r, block):
     """Remove the closed units of block ``r``'s MLP (Eq. 13 values folded), or the whole branch. ``False``: gone."""
     z_layer = _gate_value(block, "l0_mlp")
+    down = plain.get_submodule(r.down)
     if z_layer is not None and float(z_layer) == 0.0:
-        if r.kind != "encoder":
+        if r.branch_output == "projection":
+            for name in r.up:
+                _set(plain, name, ZeroBranch(features=1))
+            _set(plain, r.down, ZeroBranch(features=features(down)[1]))
+        elif r.kind != "encoder":
             _set(plain, r.mlp, ZeroBranch())
         return False
-    down = plain.get_submodule(r.down)
+    w_down = projection_weight(down)
     z_units = _gate_value(block, "l0_units")
     if z_units is None:
-        z_units = torch.ones(down.in_features, device=down.weight.device, dtype=down.weight.dtype)
+        z_units = torch.ones(w_down.shape[1], device=w_down.device, dtype=w_down.dtype)
     keep = _keep(z_units)
-    z = 1.0 if z_layer is None else z_layer.to(down.weight.dtype)
+    z = 1.0 if z_layer is None else z_layer.to(w_down.dtype)
     for name in r.up:
         m = plain.get_submodule(name)
-        _set(plain, name, _linear_like(m.weight[keep], None if m.bias is None else m.bias[keep]))
-    weight = down.weight[:, keep] * z_units.to(down.weight.dtype)[keep] * z
-    _set(plain, r.down, _linear_like(weight, None if down.bias is None else down.bias * z))
+        _set(plain, name, like(m, projection_weight(m)[keep], None if m.bias is None else m.bias[keep]))
+    weight = w_down[:, keep] * z_units.to(w_down.dtype)[keep] * z
+    _set(plain, r.down, like(down, weight, None if down.bias is None else down.bias * z))
     return True
 
 
@@ -148,6 +163,26 @@ def prune_transformer(model, example_inputs=None):
     return plain.eval()
 
 
+def _flat(output):
+    """Every floating tensor of a model's output (a tensor, a tuple, a dict or a Hugging Face ``ModelOutput``),
+    flattened into one vector."""
+    found = []
+
+    def visit(x):
+        if torch.is_tensor(x):
+            if x.is_floating_point():
+                found.append(x.flatten())
+        elif isinstance(x, Mapping):
+            for v in x.values():
+                visit(v)
+        elif isinstance(x, (tuple, list)):
+            for v in x:
+                visit(v)
+
+    visit(output)
+    return torch.cat(found) if found else torch.zeros(0)
+
+
 def _check_equal(model, plain, example_inputs):
     probe = tuple(
         t.repeat(2, *([1] * (t.dim() - 1))).double() if t.is_floating_point() else t.repeat(2, *([1] * (t.dim() - 1)))
@@ -163,8 +198,7 @@ def _check_equal(model, plain, example_inputs):
                 f"the pruned model does not run ({str(err).splitlines()[0]}): does the attention's forward read its "
                 "head count from the attribute prune() lowers, rather than from the embedding width?"
             ) from None
-    a = a if torch.is_tensor(a) else torch.cat([o.flatten() for o in a])
-    b = b if torch.is_tensor(b) else torch.cat([o.flatten() for o in b])
+    a, b = _flat(a), _flat(b)
     # the gates are folded in the model's precision: a structural mismatch is far larger than its rounding
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     scale = float(a.abs().max()) + 1.0

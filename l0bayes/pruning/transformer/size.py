@@ -11,6 +11,8 @@ from ..counting import count_parameters
 from ..sparsify import _as_tuple, _probe_forward
 from .attach import is_transformer_gated
 from .blocks import _branch_modules, _head_groups, _own_parameters, _unit_groups
+from .projections import features, is_projection
+from .projections import flops as projection_flops
 
 
 def _tokens(inputs):
@@ -36,7 +38,7 @@ def _linear_calls(module, example_inputs):
     hooks = [
         m.register_forward_hook(linear_hook)
         for m in module.modules()
-        if isinstance(m, nn.Linear) and not isinstance(m, nn.modules.linear.NonDynamicallyQuantizableLinear)
+        if is_projection(m) and not isinstance(m, nn.modules.linear.NonDynamicallyQuantizableLinear)
     ]
     for m in module.modules():
         if isinstance(m, nn.MultiheadAttention):
@@ -65,8 +67,8 @@ def flops_per_token(module, example_inputs):
             if id(m.out_proj) not in calls:  # the fused path uses out_proj's weights without calling it
                 out = m.out_proj
                 total += (2 * e * e + (e if out.bias is not None else 0)) * calls[(id(m), "q")]
-        if isinstance(m, nn.Linear) and id(m) in calls:
-            total += (2 * m.in_features * m.out_features + (m.out_features if m.bias is not None else 0)) * calls[id(m)]
+        if is_projection(m) and id(m) in calls:
+            total += projection_flops(m) * calls[id(m)]
     return total / tokens
 
 
@@ -133,10 +135,8 @@ class TransformerSize:
         self.const = sum(p.numel() for p in net.parameters() if id(p) not in inside and id(p) not in gate_params)
         self.const_flops = 0.0
         for m in net.modules():
-            if isinstance(m, nn.Linear) and id(m) not in inside and id(m) in per_token:
-                self.const_flops += (2 * m.in_features * m.out_features + (m.bias is not None) * m.out_features) * (
-                    per_token[id(m)]
-                )
+            if is_projection(m) and id(m) not in inside and id(m) in per_token:
+                self.const_flops += projection_flops(m) * per_token[id(m)]
         self.dense_parameters = self.const + sum(c.dense for _, c in self.branches)
         self.dense_flops = self.const_flops + sum(c.dense_flops for _, c in self.branches)
         assert self.dense_parameters == count_parameters(net), "the branches do not cover the model's parameters"
@@ -158,35 +158,33 @@ class TransformerSize:
         att = net.get_submodule(r.attention)
         out = net.get_submodule(r.out)
         if r.kind == "linear":
-            projections = [net.get_submodule(n) for n in (r.q, r.k, r.v)]
+            projections = [net.get_submodule(n) for n in (r.q, r.k, r.v)]  # the same projection three times if fused
             projections = [(m, per_token.get(id(m), 0.0)) for m in projections]
-            per_flops = sum((2 * m.in_features + (m.bias is not None)) * d * pos for m, pos in projections)
+            per_flops = sum((2 * features(m)[0] + (m.bias is not None)) * d * pos for m, pos in projections)
         else:
             bias = att.in_proj_bias is not None
             dims = {"q": att.embed_dim, "k": att.kdim, "v": att.vdim}
             per_flops = sum((2 * dims[t] + bias) * d * per_token.get((id(att), t), 0.0) for t in "qkv")
         pos = per_token.get(id(out), 0.0)
-        per_flops += 2 * d * out.out_features * pos
-        const_flops = (out.bias is not None) * out.out_features * pos
+        per_flops += 2 * d * features(out)[1] * pos
+        const_flops = (out.bias is not None) * features(out)[1] * pos
         return _BranchCount(getattr(block, "l0_heads", None), h, const, per_head, const_flops, per_flops)
 
     @staticmethod
     def _mlp_count(net, r, block, modules, per_token):
         _, per_unit = _unit_groups(net, r)
         down = net.get_submodule(r.down)
-        width = down.in_features
+        width, n_out = features(down)
         const = _own_parameters(modules) - per_unit * width
-        per_flops = 2 * down.out_features * per_token.get(id(down), 0.0)
+        per_flops = 2 * n_out * per_token.get(id(down), 0.0)
         ups = [net.get_submodule(n) for n in r.up]
-        per_flops += sum((2 * m.in_features + (m.bias is not None)) * per_token.get(id(m), 0.0) for m in ups)
-        const_flops = (down.bias is not None) * down.out_features * per_token.get(id(down), 0.0)
+        per_flops += sum((2 * features(m)[0] + (m.bias is not None)) * per_token.get(id(m), 0.0) for m in ups)
+        const_flops = (down.bias is not None) * n_out * per_token.get(id(down), 0.0)
         skip = {id(down), *(id(m) for m in ups)}
         for module in modules:  # other linear layers inside the MLP module
             for m in module.modules():
-                if isinstance(m, nn.Linear) and id(m) not in skip and id(m) in per_token:
-                    const_flops += (2 * m.in_features * m.out_features + (m.bias is not None) * m.out_features) * (
-                        per_token[id(m)]
-                    )
+                if is_projection(m) and id(m) not in skip and id(m) in per_token:
+                    const_flops += projection_flops(m) * per_token[id(m)]
         return _BranchCount(getattr(block, "l0_units", None), width, const, per_unit, const_flops, per_flops)
 
     # ------------------------------------------------------------------ values

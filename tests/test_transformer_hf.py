@@ -1,0 +1,160 @@
+"""Hugging Face models (GPT-2: fused ``Conv1D`` projections; BERT: post-norm layers), built from configs with random
+weights (nothing downloaded): gated by ``sparsify_transformer``'s defaults, pruned, counted and trained."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from l0bayes.inference import train
+from l0bayes.models import SparseModel
+from l0bayes.nn import gates_of
+from l0bayes.pruning import count_parameters, flops_per_token, network_size, prune, sparsify_transformer
+from l0bayes.pruning.transformer import ZeroBranch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+VOCAB, T = 40, 8
+
+
+def _ids(n=2, seed=0):
+    return torch.randint(0, VOCAB, (n, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _gpt2(seed=0):
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=T, n_embd=32, n_layer=2, n_head=4, n_inner=48, use_cache=False,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _bert(seed=0):
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        max_position_embeddings=T, pad_token_id=0,
+    )  # fmt: skip
+    return transformers.BertModel(config, add_pooling_layer=False).eval()
+
+
+def _random_gates(model, seed, p_closed=0.4):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, gate in gates_of(model):
+            n = gate.num_gates
+            closed = torch.rand(n, generator=g) < p_closed
+            gate.log_alpha.copy_(torch.where(closed, torch.full((n,), -8.0), torch.randn(n, generator=g) * 2 + 1))
+
+
+def _out(model, x):
+    out = model(x)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def test_default_blocks_of_gpt2_and_bert():
+    gpt = sparsify_transformer(_gpt2(), example_inputs=_ids())
+    names = [n for n, _ in gates_of(gpt)]
+    assert names == [
+        f"transformer.h.{i}.{k}.gate" for i in range(2) for k in ("l0_heads", "l0_units", "l0_attention", "l0_mlp")
+    ]
+    r = gpt._l0_transformer[0]
+    assert r.fused and r.q == "transformer.h.0.attn.c_attn" and r.out == "transformer.h.0.attn.c_proj"
+    assert (r.num_heads, r.head_dim, r.up, r.down) == (4, 8, ["transformer.h.0.mlp.c_fc"], "transformer.h.0.mlp.c_proj")
+    bert = sparsify_transformer(_bert(), example_inputs=_ids())
+    r = bert._l0_transformer[1]
+    assert r.name == "encoder.layer.1" and r.branch_output == "projection"
+    assert (r.q, r.out, r.heads_owner) == (
+        "encoder.layer.1.attention.self.query", "encoder.layer.1.attention.output.dense", "encoder.layer.1.attention.self"
+    )  # fmt: skip
+    assert (r.up, r.down) == (["encoder.layer.1.intermediate.dense"], "encoder.layer.1.output.dense")
+
+
+@pytest.mark.parametrize("make", [_gpt2, _bert])
+def test_open_gates_equal_the_original(make):
+    original = make()
+    gated = sparsify_transformer(original, example_inputs=_ids())
+    with torch.no_grad():
+        for _, gate in gates_of(gated):
+            gate.log_alpha.fill_(20.0)  # Eq. 13 gate exactly 1
+        x = _ids(3, seed=4)
+        assert torch.allclose(_out(gated.eval(), x), _out(original, x), atol=1e-6)
+
+
+@pytest.mark.parametrize("make", [_gpt2, _bert])
+@pytest.mark.parametrize("seed", range(3))
+def test_pruned_equals_gated_and_counts_are_exact(make, seed):
+    gated = sparsify_transformer(make(seed), example_inputs=_ids())
+    _random_gates(gated, seed)
+    blocks = [gated.get_submodule(r.name) for r in gated._l0_transformer]
+    with torch.no_grad():
+        if seed == 0:  # a closed attention branch and a closed MLP branch
+            blocks[0].l0_attention.gate.log_alpha.fill_(-8.0)
+            blocks[1].l0_mlp.gate.log_alpha.fill_(-8.0)
+        if seed == 1:  # every head of a block closed: prune keeps one
+            blocks[1].l0_heads.gate.log_alpha.fill_(-8.0)
+            blocks[1].l0_attention.gate.log_alpha.fill_(3.0)
+    gated.eval()
+    pruned = prune(gated)
+    x = _ids(3, seed=seed + 7)
+    with torch.no_grad():
+        assert torch.allclose(_out(pruned, x), _out(gated, x), atol=1e-5)
+    size = network_size(gated)
+    assert size.parameters("test") == count_parameters(pruned) < count_parameters(gated)
+    assert size.flops("test") == pytest.approx(flops_per_token(pruned, x), rel=1e-12)
+    assert size.dense_flops == pytest.approx(flops_per_token(gated, x), rel=1e-12)
+    if seed == 0:
+        assert sum(isinstance(m, ZeroBranch) for m in pruned.modules()) >= 2
+    if make is _gpt2 and seed == 1:
+        attn = pruned.transformer.h[1].attn
+        assert attn.num_heads == 1 and attn.split_size == 8 and attn.c_attn.weight.shape == (32, 24)
+    if make is _bert and seed == 1:
+        self_attn = pruned.encoder.layer[1].attention.self
+        assert self_attn.num_attention_heads == 1 and self_attn.query.out_features == 8
+
+
+def test_gpt2_parameter_counts_by_hand():
+    """One kept head and 5 kept units in block 0; the count from the Conv1D shapes, written out."""
+    gated = sparsify_transformer(_gpt2(), example_inputs=_ids(), layers=False)
+    block = gated.transformer.h[0]
+    with torch.no_grad():
+        for _, gate in gates_of(gated):
+            gate.log_alpha.fill_(20.0)
+        block.l0_heads.gate.log_alpha.copy_(torch.tensor([-8.0, 20.0, -8.0, -8.0]))
+        block.l0_units.gate.log_alpha.copy_(torch.cat([torch.full((5,), 20.0), torch.full((43,), -8.0)]))
+    removed_per_head = 3 * (32 * 8 + 8) + 8 * 32  # c_attn columns and biases of q, k, v; rows of c_proj
+    removed_per_unit = 32 + 1 + 32  # c_fc column and bias, c_proj row
+    expected = count_parameters(gated) - 3 * removed_per_head - 43 * removed_per_unit
+    assert count_parameters(prune(gated.eval())) == expected == network_size(gated).parameters("test")
+
+
+@pytest.mark.parametrize("make", [_gpt2, _bert])
+def test_pruned_model_exports(make):
+    gated = sparsify_transformer(make(), example_inputs=_ids())
+    _random_gates(gated, 3)
+    pruned = prune(gated.eval())
+    x = _ids(2, seed=5)
+    exported = torch.export.export(pruned, (x,))
+    with torch.no_grad():
+        assert torch.allclose(_out(exported.module(), x), _out(pruned, x), atol=1e-5)
+
+
+def test_constrained_training_of_gpt2_reaches_its_target():
+    gated = sparsify_transformer(_gpt2().train(), example_inputs=_ids(), init_drop_rate=0.1)
+    x = torch.randint(0, VOCAB, (64, T), generator=torch.Generator().manual_seed(1))
+    y = torch.roll(x, -1, dims=1)
+    model = SparseModel(gated, lambda out, target: F.cross_entropy(out.logits.flatten(0, 1), target.flatten()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train(model, x, y, objective="constrained", target_density=0.5, epochs=30, batch_size=16, lr=0.05,
+              progress=False, device="cpu")  # fmt: skip
+    gated.eval()
+    pruned = prune(gated)
+    fraction = count_parameters(pruned) / count_parameters(gated)
+    assert 0.48 <= fraction <= 0.5 + 1e-9
+    assert network_size(gated).fraction("parameters", "test") == pytest.approx(fraction)
+    with torch.no_grad():
+        assert torch.allclose(pruned(x[:4]).logits, gated(x[:4]).logits, atol=1e-5)
