@@ -55,7 +55,7 @@ def test_runs_are_measured_on_the_pruned_model(tmp_path, capsys):
     assert script.main([*TINY, "--targets", "0.5", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     names = sorted(p.stem for p in out.glob("*.json"))
-    assert names == ["c0.5-s0", "dense-s0", "protocol", "scratch0.5-s0"]
+    assert names == ["c0.5-s0", "dense-s0", "protocol", "scratch0.5-s0", "scratch0.5-short-s0"]
     run = json.loads((out / "c0.5-s0.json").read_text())
     final, config = run["final"], run["settings"]["config"]
     # the recorded numbers are those of prune() of the saved gated model
@@ -69,9 +69,13 @@ def test_runs_are_measured_on_the_pruned_model(tmp_path, capsys):
     assert final["flops_fraction"] == flops_per_token(pruned, x) / flops_per_token(dense, x)
     assert set(final["speedup"]) == {"1", "32"} and all(v["speedup"] > 0 for v in final["speedup"].values())
     assert len(final["heads"]) == 2 and all(len(row) == 2 for row in final["heads"])
-    scratch = json.loads((out / "scratch0.5-s0.json").read_text())["final"]
-    assert 0.3 < scratch["params_fraction"] < 0.7
-    assert "| c0.5 | 1 | " in printed and "| scratch0.5 | 1 | " in printed
+    scratch = json.loads((out / "scratch0.5-s0.json").read_text())
+    assert 0.3 < scratch["final"]["params_fraction"] < 0.7
+    short = json.loads((out / "scratch0.5-short-s0.json").read_text())
+    settings = run["settings"]
+    assert scratch["settings"]["scratch_steps"] == settings["steps"] + settings["prune_steps"]
+    assert short["settings"]["scratch_steps"] == settings["prune_steps"]
+    assert "| c0.5 | 1 | " in printed and "| scratch0.5 | 1 | " in printed and "| scratch0.5-short | 1 | " in printed
     # an existing run is skipped; another protocol in the same OUT is refused
     before = (out / "c0.5-s0.json").read_text()
     script.main([*TINY, "--targets", "0.5", "--runs", "constrained", "--out", str(out)])

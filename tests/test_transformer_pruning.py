@@ -432,3 +432,53 @@ def test_user_block_with_multihead_attention(close_attention):
     assert count_parameters(pruned) == network_size(gated).parameters("test")
     exported = torch.export.export(pruned, (x,))
     assert torch.allclose(exported.module()(x), pruned(x), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------- decoder
+
+
+class Decoder(nn.Module):
+    """``nn.TransformerDecoder`` over token ids, attending to an embedded memory sequence."""
+
+    def __init__(self, norm_first=False):
+        super().__init__()
+        self.tok, self.mem = nn.Embedding(VOCAB, D), nn.Embedding(VOCAB, D)
+        layer = nn.TransformerDecoderLayer(D, HEADS, 32, dropout=0.1, batch_first=True, norm_first=norm_first)
+        self.decoder = nn.TransformerDecoder(layer, 2)
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, idx, memory_idx):
+        mask = nn.Transformer.generate_square_subsequent_mask(idx.shape[1])
+        return self.head(self.decoder(self.tok(idx), self.mem(memory_idx), tgt_mask=mask, tgt_is_causal=True))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_decoder_layers_are_gated_pruned_and_counted(norm_first, seed):
+    torch.manual_seed(seed)
+    original = Decoder(norm_first).eval()
+    x = (_tokens(2, seed=1), _tokens(2, seed=2))
+    gated = sparsify_transformer(original, example_inputs=x)
+    assert [n for n, _ in gates_of(gated)][:4] == [
+        f"decoder.layers.0.{k}.gate" for k in ("l0_heads", "l0_units", "l0_attention", "l0_mlp")
+    ]
+    with torch.no_grad():  # open gates: the original function
+        for _, gate in gates_of(gated):
+            gate.log_alpha.fill_(20.0)
+        assert torch.allclose(gated.eval()(*x), original(*x), atol=1e-6)
+    _random_gates(gated, seed + 30)
+    with torch.no_grad():
+        if seed == 0:
+            gated.decoder.layers[0].l0_attention.gate.log_alpha.fill_(-8.0)
+            gated.decoder.layers[1].l0_mlp.gate.log_alpha.fill_(-8.0)
+    gated.eval()
+    pruned = prune(gated)
+    probe = (_tokens(3, seed=seed + 5), _tokens(3, seed=seed + 6))
+    with torch.no_grad():
+        assert torch.allclose(pruned(*probe), gated(*probe), atol=1e-5)
+    size = network_size(gated)
+    assert size.parameters("test") == count_parameters(pruned) < count_parameters(original)
+    assert size.flops("test") == pytest.approx(flops_per_token(pruned, probe), rel=1e-12)
+    assert size.dense_flops == pytest.approx(flops_per_token(original, probe), rel=1e-12)
+    exported = torch.export.export(pruned, probe)
+    assert torch.allclose(exported.module()(*probe), pruned(*probe), atol=1e-6)

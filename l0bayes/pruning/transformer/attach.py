@@ -117,7 +117,7 @@ def _attach_block(model, r, heads, units, layers, gate_kwargs):
         block.l0_units = holder
         down.register_forward_pre_hook(holder._gate_units)
     if layers:
-        outputs = (r.out, r.down) if r.branch_output == "projection" else (r.attention, r.mlp)
+        outputs = (r.out if r.branch_output == "projection" else r.attention, r.down if r.mlp_at_projection else r.mlp)
         for key, modules, hooked in (("l0_attention", att_modules, outputs[0]), ("l0_mlp", mlp_modules, outputs[1])):
             holder = LayerGate(1, max(1, _own_parameters(modules)), **gate_kwargs)
             holder._groups = [(m, n, 0, 0) for m in modules for n, _ in m.named_parameters()]

@@ -25,13 +25,14 @@ DOWN_NAMES = ("fc2", "c_proj", "down_proj", "w2", "lin2", "fc_out", "linear2", "
 class Block:
     """One transformer block to gate: the ``blocks`` argument of :func:`sparsify_transformer`.
 
-    Names are relative: ``attention`` and ``mlp`` to the block, the projections and ``heads_attr`` to the
-    attention module, ``up`` and ``down`` to the MLP module; dotted names reach further down. ``None`` searches
-    the defaults (:data:`ATTENTION_NAMES`, :data:`Q_NAMES`, ...). An ``nn.TransformerEncoderLayer`` needs only
-    its ``name``; so do Hugging Face's GPT-2 blocks (a fused ``c_attn`` of ``Conv1D`` layers) and BERT-style
-    layers (``attention.self`` with ``query``, ``key``, ``value``; ``attention.output.dense``;
-    ``intermediate.dense``; ``output.dense``; the residual addition and normalisation inside the output
-    modules, so ``branch_output="projection"``).
+    Names are relative: ``attention`` and ``mlp`` to the block, the projections and ``heads_attr`` to the attention
+    module, ``up`` and ``down`` to the MLP module; dotted names reach further down. ``None`` searches the defaults
+    (:data:`ATTENTION_NAMES`, :data:`Q_NAMES`, ...). An ``nn.TransformerEncoderLayer`` or an
+    ``nn.TransformerDecoderLayer`` (its self-attention; the cross-attention is not gated) needs only its ``name``;
+    so do Hugging Face's GPT-2 blocks (a fused ``c_attn`` of ``Conv1D`` layers) and BERT-style layers
+    (``attention.self`` with ``query``, ``key``, ``value``; ``attention.output.dense``; ``intermediate.dense``;
+    ``output.dense``; the residual addition and normalisation inside the output modules, so
+    ``branch_output="projection"``).
 
     A projection is an ``nn.Linear`` or Hugging Face's ``Conv1D`` (a linear layer storing its weight
     ``(in, out)``).
@@ -44,7 +45,8 @@ class Block:
         ``split_size`` where the module has them) or infers it from the width.
     :param qkv: one projection computing q, k and v, concatenated in that order (GPT-2's ``c_attn``).
     :param num_heads: the number of heads; default: the attribute ``heads_attr``.
-    :param mlp: the MLP module (``""``: the block itself). Its ``up`` layers (one, or several read element-wise
+    :param mlp: the MLP module (``""``: the block itself; its branch's output is then the ``down`` projection's,
+        as in ``nn.TransformerDecoderLayer``). Its ``up`` layers (one, or several read element-wise
         together, as a gated linear unit) feed, through element-wise operations, its ``down`` layer.
     :param branch_output: where a residual branch's output is, for its :class:`LayerGate`: ``"module"``
         (default: the attention and MLP modules' outputs, what the block adds to the residual stream) or
@@ -110,6 +112,12 @@ class _Resolved:
     branch_output: str = "module"
     outputs: int = 0
 
+    @property
+    def mlp_at_projection(self):
+        """Whether the MLP branch's output is its down projection's (the MLP is no module of its own, or the block
+        adds and normalises inside the module holding the projection)."""
+        return self.branch_output == "projection" or self.mlp == self.name
+
 
 def _join(*parts):
     return ".".join(p for p in parts if p)
@@ -153,8 +161,14 @@ def _resolve(model, block):
         module = model.get_submodule(block.name)
     except AttributeError:
         raise ValueError(f"blocks: no module named {block.name!r} in the model") from None
-    if isinstance(module, nn.TransformerDecoderLayer):
-        raise NotImplementedError(f"{block.name}: nn.TransformerDecoderLayer is not supported yet")
+    if isinstance(module, nn.TransformerDecoderLayer):  # self-attention heads, MLP units, both branches
+        mha = module.self_attn
+        _check_mha(mha, _join(block.name, "self_attn"))
+        return _Resolved(
+            block.name, "mha", _join(block.name, "self_attn"), None, None, None,
+            _join(block.name, "self_attn", "out_proj"), mha.num_heads, mha.head_dim, None, None, block.name,
+            [_join(block.name, "linear1")], _join(block.name, "linear2"),
+        )  # fmt: skip
     if isinstance(module, nn.TransformerEncoderLayer):
         mha = module.self_attn
         _check_mha(mha, _join(block.name, "self_attn"))
@@ -175,8 +189,6 @@ def _resolve(model, block):
     mlp_rel = block.mlp if block.mlp is not None else _first(module, MLP_NAMES, "MLP module", block.name)
     mlp = _join(block.name, mlp_rel)
     mlp_module = model.get_submodule(mlp)
-    if mlp == block.name and branch_output == "module":
-        raise ValueError(f"{block.name}: mlp='' (the block itself) needs branch_output='projection'")
     up, down = _resolve_mlp(model, block, mlp, mlp_module)
     if isinstance(att, nn.MultiheadAttention):
         _check_mha(att, attention)
@@ -278,11 +290,11 @@ def _check_mha(mha, name):
 
 
 def _auto_blocks(model):
-    """Every ``nn.TransformerEncoderLayer``, every BERT-style layer and every module with a default attention and
-    MLP child."""
+    """Every ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer``, every BERT-style layer and every
+    module with a default attention and MLP child."""
     out = []
     for name, m in model.named_modules():
-        if isinstance(m, nn.TransformerEncoderLayer) or is_post_norm_layer(m):
+        if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)) or is_post_norm_layer(m):
             out.append(name)
         elif any(isinstance(getattr(m, a, None), nn.Module) for a in ATTENTION_NAMES) and any(
             isinstance(getattr(m, a, None), nn.Module) for a in MLP_NAMES
@@ -362,7 +374,7 @@ def _branch_modules(model, r):
         attention = [model.get_submodule(r.heads_owner), model.get_submodule(r.out)]
     else:
         attention = [model.get_submodule(r.attention)]
-    if r.kind == "encoder" or r.branch_output == "projection":
+    if r.kind == "encoder" or r.mlp_at_projection:
         mlp = [model.get_submodule(n) for n in (*r.up, r.down)]
     else:
         mlp = [model.get_submodule(r.mlp)]

@@ -96,7 +96,7 @@ def _prune_mlp(plain, r, block):
     z_layer = _gate_value(block, "l0_mlp")
     down = plain.get_submodule(r.down)
     if z_layer is not None and float(z_layer) == 0.0:
-        if r.branch_output == "projection":
+        if r.mlp_at_projection:
             for name in r.up:
                 _set(plain, name, ZeroBranch(features=1))
             _set(plain, r.down, ZeroBranch(features=features(down)[1]))
@@ -130,11 +130,14 @@ def prune_transformer(model, example_inputs=None):
     r"""A plain module equal to the gated ``model`` in ``eval()`` mode, without its closed heads, units and branches.
 
     For every gated block, with the Eq. 13 gates :math:`\hat z`: the rows of :math:`W_Q, W_K, W_V` (and biases)
-    and the columns of :math:`W_O` of the closed heads are removed, and the attention's head count attribute
-    lowered (an ``nn.MultiheadAttention`` becomes a :class:`PrunedMultiheadAttention`); the rows and biases of
-    the MLP's first layer(s) and the columns of its second layer of the closed units are removed; a closed branch
-    becomes a :class:`ZeroBranch` (in an ``nn.TransformerEncoderLayer``, which becomes a
-    :class:`PrunedTransformerEncoderLayer`, the branch is dropped). A block keeps at least one head and one unit.
+    and the columns of :math:`W_O` of the closed heads are removed (their q, k and v outputs of a fused
+    projection such as GPT-2's ``c_attn``; a Hugging Face ``Conv1D`` stays a ``Conv1D``), and the attention's
+    head count attribute lowered, with ``all_head_size`` and ``split_size`` where it has them (an
+    ``nn.MultiheadAttention`` becomes a :class:`PrunedMultiheadAttention`); the rows and biases of the MLP's
+    first layer(s) and the columns of its second layer of the closed units are removed; a closed branch becomes a
+    :class:`ZeroBranch` (with ``branch_output="projection"`` or an MLP without a module of its own, its layers
+    do; in an ``nn.TransformerEncoderLayer``, which becomes a :class:`PrunedTransformerEncoderLayer`, the branch
+    is dropped). A block keeps at least one head and one unit.
     The open gates' values are folded into the output projection's columns, the second MLP layer's columns and
     each branch's last layer.
 

@@ -52,12 +52,17 @@ def _linear_calls(module, example_inputs):
 def flops_per_token(module, example_inputs):
     """FLOPs per token of the linear layers in one forward pass, counted as :func:`~l0bayes.pruning.flops` counts.
 
-    ``2 * in * out + out`` (the last term with a bias) per position of every ``nn.Linear`` call (including the
-    projections of an ``nn.MultiheadAttention``), divided by the tokens of the first input (its elements for
+    ``2 * in * out + out`` (the last term with a bias) per position of every ``nn.Linear`` (or Hugging Face
+    ``Conv1D``) call (including the projections of an ``nn.MultiheadAttention``), divided by the tokens of the first input (its elements for
     token ids; its leading dimensions for embeddings). Attention's score and weighted-sum products, embeddings,
     normalisation and activations are not counted; gates count as their dense layers. A float.
     """
     calls, tokens = _linear_calls(module, example_inputs)
+    return _flops(module, calls) / tokens
+
+
+def _flops(module, calls):
+    """The FLOPs of :func:`flops_per_token` for the call counts of :func:`_linear_calls` (not per token)."""
     total = 0
     for m in module.modules():
         if isinstance(m, nn.MultiheadAttention) and (id(m), "q") in calls:
@@ -69,7 +74,7 @@ def flops_per_token(module, example_inputs):
                 total += (2 * e * e + (e if out.bias is not None else 0)) * calls[(id(m), "q")]
         if is_projection(m) and id(m) in calls:
             total += projection_flops(m) * calls[id(m)]
-    return total / tokens
+    return total
 
 
 class _BranchCount:
@@ -133,10 +138,8 @@ class TransformerSize:
             self._add(block, "l0_mlp", "l0_units", self._mlp_count(net, r, block, mlp_modules, per_token))
         gate_params = {id(g.log_alpha) for g in self.gates}
         self.const = sum(p.numel() for p in net.parameters() if id(p) not in inside and id(p) not in gate_params)
-        self.const_flops = 0.0
-        for m in net.modules():
-            if is_projection(m) and id(m) not in inside and id(m) in per_token:
-                self.const_flops += projection_flops(m) * per_token[id(m)]
+        # the rest: every linear layer outside the branches (embedding heads, a decoder's cross-attention, ...)
+        self.const_flops = _flops(net, calls) / tokens - sum(c.dense_flops for _, c in self.branches)
         self.dense_parameters = self.const + sum(c.dense for _, c in self.branches)
         self.dense_flops = self.const_flops + sum(c.dense_flops for _, c in self.branches)
         assert self.dense_parameters == count_parameters(net), "the branches do not cover the model's parameters"
