@@ -16,11 +16,16 @@ The end-to-end transformer example of ``docs/guide/transformers.md``, small enou
     ``--steps`` steps and at the end;
   - ``c0.5``, ``c0.25`` (``--targets``): from the dense weights after ``--steps`` steps,
     ``sparsify_transformer`` (heads, MLP units, branches) and ``train(objective="constrained",
-    target_density=...)`` for ``--prune-steps`` more steps; then ``prune`` gives a plain, smaller :class:`GPT`;
+    target_density=...)`` for ``--prune-steps`` more steps (the gates' Adam step ``--gate-lr``, the multipliers'
+    three times that, the last ``--final-phase`` of the steps with the gates fixed); then ``prune`` gives a
+    plain, smaller :class:`GPT`;
   - ``scratch0.5``, ``scratch0.25``: a dense :class:`GPT` of the same depth with fewer heads and MLP units, its
     parameter count within a few percent of the target fraction of the dense model's (:func:`scratch_config`),
     trained from scratch for ``--steps + --prune-steps`` steps: as many as the pruned model saw (dense, then
-    pruning).
+    pruning);
+  - ``scratch0.5-short``, ``scratch0.25-short`` (``scratch-short``): the same small models trained for
+    ``--prune-steps`` steps only, as many as the pruning run (the comparison of Sheared-LLaMA, which does not
+    count the training of the model that is pruned).
 
   Every run reports its validation loss (nats per character, on the same fixed windows), its parameter
   fraction ``count_parameters(prune(m)) / count_parameters(m)``, its fraction of FLOPs per token
@@ -626,8 +631,10 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=10, help="epochs of the constrained run (of steps/epochs)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam step size of the weights")
-    parser.add_argument("--gate-lr", type=float, default=0.05, help="Adam step size of the gates' log_alpha")
-    parser.add_argument("--final-phase", type=float, default=FINAL_PHASE, help="train()'s final_phase")
+    parser.add_argument("--gate-lr", type=float, default=0.1, help="Adam step size of the gates' log_alpha")
+    parser.add_argument(
+        "--final-phase", type=float, default=0.6, help=f"train()'s final_phase (its default: {FINAL_PHASE})"
+    )
     parser.add_argument("--init-drop-rate", type=float, default=0.05, help="initial gate drop rate (from dense)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
