@@ -67,8 +67,9 @@ def test_default_blocks_of_gpt2_and_bert():
     bert = sparsify_transformer(_bert(), example_inputs=_ids())
     r = bert._l0_transformer[1]
     assert r.name == "encoder.layer.1" and r.branch_output == "projection"
+    layer = "encoder.layer.1"
     assert (r.q, r.out, r.heads_owner) == (
-        "encoder.layer.1.attention.self.query", "encoder.layer.1.attention.output.dense", "encoder.layer.1.attention.self"
+        f"{layer}.attention.self.query", f"{layer}.attention.output.dense", f"{layer}.attention.self"
     )  # fmt: skip
     assert (r.up, r.down) == (["encoder.layer.1.intermediate.dense"], "encoder.layer.1.output.dense")
 

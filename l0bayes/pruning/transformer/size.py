@@ -53,9 +53,9 @@ def flops_per_token(module, example_inputs):
     """FLOPs per token of the linear layers in one forward pass, counted as :func:`~l0bayes.pruning.flops` counts.
 
     ``2 * in * out + out`` (the last term with a bias) per position of every ``nn.Linear`` (or Hugging Face
-    ``Conv1D``) call (including the projections of an ``nn.MultiheadAttention``), divided by the tokens of the first input (its elements for
-    token ids; its leading dimensions for embeddings). Attention's score and weighted-sum products, embeddings,
-    normalisation and activations are not counted; gates count as their dense layers. A float.
+    ``Conv1D``) call (including the projections of an ``nn.MultiheadAttention``), divided by the tokens of the first
+    input (its elements for token ids; its leading dimensions for embeddings). Attention's score and weighted-sum
+    products, embeddings, normalisation and activations are not counted; gates count as their dense layers. A float.
     """
     calls, tokens = _linear_calls(module, example_inputs)
     return _flops(module, calls) / tokens
