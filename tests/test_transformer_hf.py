@@ -6,6 +6,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from test_transformer_pruning import _random_gates
 
 from l0bayes.inference import train
 from l0bayes.models import SparseModel
@@ -39,15 +40,6 @@ def _bert(seed=0):
         max_position_embeddings=T, pad_token_id=0,
     )  # fmt: skip
     return transformers.BertModel(config, add_pooling_layer=False).eval()
-
-
-def _random_gates(model, seed, p_closed=0.4):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, gate in gates_of(model):
-            n = gate.num_gates
-            closed = torch.rand(n, generator=g) < p_closed
-            gate.log_alpha.copy_(torch.where(closed, torch.full((n,), -8.0), torch.randn(n, generator=g) * 2 + 1))
 
 
 def _out(model, x):
