@@ -154,6 +154,48 @@ class _Blocks:
         return torch.stack(self.sums, dim=1)
 
 
+class _Snapshots:
+    """Thinned states of every chain as index arrays of their included features, with their log weights.
+
+    Every ``thin``-th state at first; the interval doubles whenever ``2 * MAX_STATES`` are kept, so 1000 to 2000
+    remain per chain. States wait in a device buffer and are converted in batches of :attr:`BUFFER` (one
+    transfer per batch, not one per state).
+    """
+
+    BUFFER = 64
+
+    def __init__(self, chains, p, dtype, device, thin):
+        self.thin = thin
+        self.states, self.log_weights = [[] for _ in range(chains)], [[] for _ in range(chains)]
+        self.gamma = torch.empty(chains, self.BUFFER, p, dtype=torch.bool, device=device)
+        self.log_w = torch.empty(chains, self.BUFFER, dtype=dtype, device=device)
+        self.count = 0
+
+    def add(self, done, gamma, log_w):
+        """Keep the chains' states ``gamma`` at post-warm-up step ``done`` if it is a multiple of the interval."""
+        if done % self.thin:
+            return
+        self.gamma[:, self.count] = gamma
+        self.log_w[:, self.count] = log_w
+        self.count += 1
+        if self.count == self.BUFFER:
+            self.flush()
+
+    def flush(self):
+        if not self.count:
+            return
+        gamma = self.gamma[:, : self.count].cpu().numpy()
+        log_w = self.log_w[:, : self.count].cpu().numpy()
+        for c, (rows, weights) in enumerate(zip(gamma, log_w, strict=True)):
+            self.states[c].extend(np.flatnonzero(row) for row in rows)
+            self.log_weights[c].extend(weights.tolist())
+        self.count = 0
+        while len(self.states[0]) >= 2 * MAX_STATES:  # the kept states are consecutive multiples of thin
+            self.states = [s[::2] for s in self.states]
+            self.log_weights = [s[::2] for s in self.log_weights]
+            self.thin *= 2
+
+
 class _State:
     r"""Batched state of ``C`` chains: slots of included features, :math:`A^{-1}`, Gram columns and :math:`q`.
 
@@ -535,8 +577,7 @@ def tempered_gibbs(
     xi_trace = []
     chains = torch.arange(C, device=device)
     acc = {"pip": _Blocks(), "w": _Blocks(), "coef": _Blocks()}
-    thin = thin or 1
-    states, state_logw = [[] for _ in range(C)], [[] for _ in range(C)]
+    snapshots = _Snapshots(C, p, dtype, device, thin or 1)
     omega_moves, step, stopped = 0, 0, "steps"
     total = warmup + max_steps
     while step < total:
@@ -558,14 +599,7 @@ def tempered_gibbs(
             acc["coef"].add(w[:, None] * pi * mean)
             if noise_prior is not None:
                 sigma_sum = sigma_sum + (w * state.noise_precision.rsqrt()).sum()
-            if (step - warmup) % thin == 0:
-                for c in range(C):
-                    states[c].append(torch.nonzero(state.gamma[c]).flatten().cpu().numpy())
-                    state_logw[c].append(float(-log_z[c]))
-                if len(states[0]) == 2 * MAX_STATES:  # keep every other state: bounded memory
-                    states = [s[::2] for s in states]
-                    state_logw = [s[::2] for s in state_logw]
-                    thin *= 2
+            snapshots.add(step - warmup, state.gamma, -log_z)
         cdf = torch.cumsum(torch.exp(log_sel - log_z[:, None]), dim=1)
         draw = torch.rand(C, 1, dtype=dtype, device=device, generator=gen) * cdf[:, -1:]
         choice = torch.searchsorted(cdf, draw).squeeze(1).clamp(max=cdf.shape[1] - 1)
@@ -604,10 +638,10 @@ def tempered_gibbs(
             stopped = "time"
             break
         if done >= min_steps and done > 0 and done % check_every == 0:
-            if _result(acc, states, state_logw, done, warmup, began, omega_moves, C, RELEVANT).mixed:
+            if _result(acc, snapshots, done, warmup, began, omega_moves, C, RELEVANT).mixed:
                 stopped = "mixed"
                 break
-    result = _result(acc, states, state_logw, max(step - warmup, 0), warmup, began, omega_moves, C, RELEVANT / 10)
+    result = _result(acc, snapshots, max(step - warmup, 0), warmup, began, omega_moves, C, RELEVANT / 10)
     result.details["stopped"] = stopped
     if noise_prior is not None:
         result.details["noise_scale_mean"] = float(sigma_sum / acc["w"].total)
@@ -629,7 +663,8 @@ def _starting_models(start, C, p, device, gen):
     return draws
 
 
-def _result(acc, states, state_logw, done, warmup, began, omega_moves, C, seen_at):
+def _result(acc, snapshots, done, warmup, began, omega_moves, C, seen_at):
+    snapshots.flush()
     if not acc["w"].sums:  # fewer steps than one block: close the open one
         for a in acc.values():
             if a.open is not None:
@@ -647,8 +682,8 @@ def _result(acc, states, state_logw, done, warmup, began, omega_moves, C, seen_a
         rhat=rhat,
         coef_mean=coef,
         chain_inclusion=chain_pip,
-        states=states,
-        state_log_weights=np.asarray(state_logw, dtype=np.float64),
+        states=snapshots.states,
+        state_log_weights=np.asarray(snapshots.log_weights, dtype=np.float64),
         num_steps=done,
         num_warmup=warmup,
         seconds=time.perf_counter() - began,
