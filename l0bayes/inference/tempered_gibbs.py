@@ -213,6 +213,7 @@ class _State:
         self.xa = torch.cat([x, ones, x.new_zeros(self.n, 1)], dim=1)
         self.pad = self.p + num_fixed
         self.x2 = x * x
+        self.x2_sum = self.x2.sum(0)
         self.u0 = u  # zero at the pad; self.u: (C, p + F + 1) each chain's working response
         self.lam = slab_precision
         self.fixed_lam = fixed_precision
@@ -246,7 +247,7 @@ class _State:
     def diag(self):
         """``(C, p)`` or ``(1, p)``: :math:`x_j^\top W x_j`."""
         if self.omega is None:
-            return self.x2.sum(0)[None] * self.noise_precision[:, None]
+            return self.x2_sum[None] * self.noise_precision[:, None]
         return self.omega @ self.x2
 
     def slot_precision(self):
@@ -280,26 +281,30 @@ class _State:
     def refresh(self, chains):
         """Recompute G, :math:`A^{-1}` and :math:`q` of ``chains`` from scratch."""
         K = self.capacity
+        cached = self.omega is None and self.num_fixed == 0  # Gaussian: Gram columns from the cache, O(pk)
         for c in chains.tolist():
             idx = self.idx[c]
             used = idx != self.pad
             cols = idx[used]
-            xs = self.xa[:, cols]
-            w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
-            a_used = xs.T @ (w * xs)
-            prec = self.slot_precision()[c, used]
-            a_used = a_used + torch.diag(prec)
-            chol = torch.linalg.cholesky(a_used)
-            inv = torch.cholesky_inverse(chol)
-            ainv = self.xa.new_zeros(K, K)
             pos = torch.nonzero(used).flatten()
+            if cached:
+                gram = self.gram_columns(torch.full_like(cols, c), cols).T  # (p, k): X^T W x_j
+                a_used = gram[cols]
+            else:
+                xs = self.xa[:, cols]
+                w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
+                a_used = xs.T @ (w * xs)
+                gram = self.xa[:, : self.p].T @ (w * xs)
+            a_used = a_used + torch.diag(self.slot_precision()[c, used])
+            inv = torch.cholesky_inverse(torch.linalg.cholesky(a_used))
+            ainv = self.xa.new_zeros(K, K)
             ainv[pos[:, None], pos[None, :]] = inv
             self.ainv[c] = ainv
             g = self.xa.new_zeros(self.p, K)
-            g[:, pos] = self.xa[:, : self.p].T @ (w * xs)
+            g[:, pos] = gram
             self.G[c] = g
             self.q[c] = ((g @ ainv) * g).sum(1)
-            self.d[c] = self.x2.sum(0) * w if self.omega is None else self.omega[c] @ self.x2
+            self.d[c] = self.x2_sum * self.noise_precision[c] if self.omega is None else self.omega[c] @ self.x2
 
     def allocate(self):
         C, K = self.C, self.capacity
