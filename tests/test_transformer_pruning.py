@@ -482,3 +482,88 @@ def test_decoder_layers_are_gated_pruned_and_counted(norm_first, seed):
     assert size.dense_flops == pytest.approx(flops_per_token(original, probe), rel=1e-12)
     exported = torch.export.export(pruned, probe)
     assert torch.allclose(exported.module()(*probe), pruned(*probe), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ fused qkv, projection branches
+
+
+class FusedAttention(nn.Module):
+    """q, k and v from one ``nn.Linear`` (``qkv``), the head count in ``num_heads``, the width read from it."""
+
+    def __init__(self, d=D, heads=HEADS, out=True):
+        super().__init__()
+        self.num_heads, self.head_dim = heads, d // heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d) if out else nn.Identity()
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).split(self.num_heads * self.head_dim, dim=-1)
+        q, k, v = (z.view(b, t, self.num_heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class PostNormBlock(nn.Module):
+    """Adds and normalises inside the modules holding the projections (as BERT does); no MLP module."""
+
+    def __init__(self):
+        super().__init__()
+        self.heads = FusedAttention(out=False)
+        self.proj, self.norm1 = nn.Linear(D, D), nn.LayerNorm(D)
+        self.up, self.down, self.norm2 = nn.Linear(D, 24), nn.Linear(24, D), nn.LayerNorm(D)
+
+    def forward(self, x):
+        x = self.norm1(x + self.proj(self.heads(x)))
+        return self.norm2(x + self.down(F.relu(self.up(x))))
+
+
+class PostNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, D)
+        self.blocks = nn.ModuleList(PostNormBlock() for _ in range(2))
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, idx):
+        x = self.tok(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _post_norm_blocks():
+    # the attention is the block itself ("heads" computes the heads, "proj" is the output projection)
+    return [
+        Block(f"blocks.{i}", attention="", qkv="heads.qkv", out="proj", heads_attr="heads.num_heads", mlp="",
+              up="up", down="down", branch_output="projection")
+        for i in range(2)
+    ]  # fmt: skip
+
+
+def test_fused_linear_qkv_and_projection_branches_prune_exactly():
+    torch.manual_seed(0)
+    net = PostNormNet().eval()
+    gated = sparsify_transformer(net, _post_norm_blocks(), example_inputs=_tokens())
+    assert gated._l0_transformer[0].fused and gated._l0_transformer[0].mlp_at_projection
+    _random_gates(gated, 3)
+    with torch.no_grad():
+        gated.blocks[0].l0_attention.gate.log_alpha.fill_(-8.0)
+        gated.blocks[1].l0_mlp.gate.log_alpha.fill_(-8.0)
+        gated.blocks[1].l0_attention.gate.log_alpha.fill_(5.0)
+        gated.blocks[1].l0_heads.gate.log_alpha.copy_(torch.tensor([5.0, -8.0, 5.0, -8.0]))
+    gated.eval()
+    pruned = prune(gated)
+    x = _tokens(4, seed=11)
+    with torch.no_grad():
+        assert torch.allclose(pruned(x), gated(x), atol=1e-5)
+    assert pruned.blocks[1].heads.num_heads == 2 and pruned.blocks[1].heads.qkv.out_features == 3 * 2 * D // HEADS
+    assert network_size(gated).parameters("test") == count_parameters(pruned)
+    assert flops_per_token(pruned, x) == pytest.approx(network_size(gated).flops("test"), rel=1e-12)
+
+
+def test_branch_output_is_checked():
+    with pytest.raises(ValueError, match="branch_output must be"):
+        sparsify_transformer(TinyGPT(), [Block("blocks.0", branch_output="residual")], example_inputs=_tokens())
+    with pytest.raises(ValueError, match="needs q, k and v in a module of their own"):  # q, k, v, proj share attn
+        sparsify_transformer(TinyGPT(), [Block("blocks.0", branch_output="projection")], example_inputs=_tokens())

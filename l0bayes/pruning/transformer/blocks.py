@@ -25,13 +25,13 @@ DOWN_NAMES = ("fc2", "c_proj", "down_proj", "w2", "lin2", "fc_out", "linear2", "
 class Block:
     """One transformer block to gate: the ``blocks`` argument of :func:`sparsify_transformer`.
 
-    Names are relative: ``attention`` and ``mlp`` to the block, the projections and ``heads_attr`` to the attention
-    module, ``up`` and ``down`` to the MLP module; dotted names reach further down. ``None`` searches the defaults
-    (:data:`ATTENTION_NAMES`, :data:`Q_NAMES`, ...). An ``nn.TransformerEncoderLayer`` or an
-    ``nn.TransformerDecoderLayer`` (its self-attention; the cross-attention is not gated) needs only its ``name``;
-    so do Hugging Face's GPT-2 blocks (a fused ``c_attn`` of ``Conv1D`` layers) and BERT-style layers
-    (``attention.self`` with ``query``, ``key``, ``value``; ``attention.output.dense``; ``intermediate.dense``;
-    ``output.dense``; the residual addition and normalisation inside the output modules, so
+    Names are relative: ``attention`` and ``mlp`` to the block (``""``: the block itself), the projections and
+    ``heads_attr`` to the attention module, ``up`` and ``down`` to the MLP module; dotted names reach further down.
+    ``None`` searches the defaults (:data:`ATTENTION_NAMES`, :data:`Q_NAMES`, ...). An
+    ``nn.TransformerEncoderLayer`` or an ``nn.TransformerDecoderLayer`` (its self-attention; the cross-attention is
+    not gated) needs only its ``name``; so do Hugging Face's GPT-2 blocks (a fused ``c_attn`` of ``Conv1D`` layers)
+    and BERT-style layers (``attention.self`` with ``query``, ``key``, ``value``; ``attention.output.dense``;
+    ``intermediate.dense``; ``output.dense``; the residual addition and normalisation inside the output modules, so
     ``branch_output="projection"``).
 
     A projection is an ``nn.Linear`` or Hugging Face's ``Conv1D`` (a linear layer storing its weight
@@ -183,7 +183,9 @@ def _resolve(model, block):
     branch_output = block.branch_output or "module"
     if branch_output not in ("module", "projection"):
         raise ValueError(f"{block.name}: branch_output must be 'module' or 'projection', got {block.branch_output!r}")
-    att_rel = block.attention or _first(module, ATTENTION_NAMES, "attention module", block.name)
+    att_rel = (
+        block.attention if block.attention is not None else _first(module, ATTENTION_NAMES, "attention", block.name)
+    )
     attention = _join(block.name, att_rel)
     att = model.get_submodule(attention)
     mlp_rel = block.mlp if block.mlp is not None else _first(module, MLP_NAMES, "MLP module", block.name)
