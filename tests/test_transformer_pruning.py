@@ -22,6 +22,7 @@ from l0bayes.pruning import (
     prune,
     sparsify_transformer,
 )
+from l0bayes.pruning.transformer import ZeroBranch
 from l0bayes.pruning.transformer.attention import _ExplicitMultiheadAttention
 
 VOCAB, D, HEADS, T = 11, 16, 4, 6
@@ -459,8 +460,9 @@ def test_decoder_layers_are_gated_pruned_and_counted(norm_first, seed):
     original = Decoder(norm_first).eval()
     x = (_tokens(2, seed=1), _tokens(2, seed=2))
     gated = sparsify_transformer(original, example_inputs=x)
-    assert [n for n, _ in gates_of(gated)][:4] == [
-        f"decoder.layers.0.{k}.gate" for k in ("l0_heads", "l0_units", "l0_attention", "l0_mlp")
+    assert [n for n, _ in gates_of(gated)][:6] == [
+        f"decoder.layers.0.{k}.gate"
+        for k in ("l0_heads", "l0_units", "l0_attention", "l0_mlp", "l0_cross_heads", "l0_cross_attention")
     ]
     with torch.no_grad():  # open gates: the original function
         for _, gate in gates_of(gated):
@@ -471,8 +473,16 @@ def test_decoder_layers_are_gated_pruned_and_counted(norm_first, seed):
         if seed == 0:
             gated.decoder.layers[0].l0_attention.gate.log_alpha.fill_(-8.0)
             gated.decoder.layers[1].l0_mlp.gate.log_alpha.fill_(-8.0)
+        if seed == 1:  # a closed cross-attention branch; two of four cross-attention heads in the other layer
+            gated.decoder.layers[0].l0_cross_attention.gate.log_alpha.fill_(-8.0)
+            gated.decoder.layers[1].l0_cross_attention.gate.log_alpha.fill_(5.0)
+            gated.decoder.layers[1].l0_cross_heads.gate.log_alpha.copy_(torch.tensor([5.0, -8.0, -8.0, 5.0]))
     gated.eval()
     pruned = prune(gated)
+    if seed == 1:
+        assert isinstance(pruned.decoder.layers[0].multihead_attn, ZeroBranch)
+        cross = pruned.decoder.layers[1].multihead_attn
+        assert isinstance(cross, PrunedMultiheadAttention) and cross.num_heads == 2
     probe = (_tokens(3, seed=seed + 5), _tokens(3, seed=seed + 6))
     with torch.no_grad():
         assert torch.allclose(pruned(*probe), gated(*probe), atol=1e-5)

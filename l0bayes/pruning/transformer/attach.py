@@ -7,7 +7,16 @@ from torch import nn
 
 from ..sparsify import _as_tuple, _probe_forward, is_sparsified
 from .attention import _ExplicitMultiheadAttention, _GatedTransformerEncoderLayer
-from .blocks import _auto_blocks, _branch_modules, _head_groups, _own_parameters, _resolve, _unit_groups
+from .blocks import (
+    _attention_modules,
+    _attentions,
+    _auto_blocks,
+    _head_groups,
+    _mlp_modules,
+    _own_parameters,
+    _resolve,
+    _unit_groups,
+)
 from .gates import HeadGate, LayerGate, UnitGate
 from .projections import features
 
@@ -96,19 +105,16 @@ def _probe_outputs(model, resolved, inputs):
 
 
 def _attach_block(model, r, heads, units, layers, gate_kwargs):
+    """The gates of one block, in the order heads, units, attention branch, MLP branch (then a decoder layer's
+    cross-attention heads and branch): the order of :func:`~l0bayes.nn.gates_of`."""
     block = model.get_submodule(r.name)
-    attention = model.get_submodule(r.attention)
-    if r.kind in ("encoder", "mha"):
-        attention.__class__ = _ExplicitMultiheadAttention
     if r.kind == "encoder":
         block.__class__ = _GatedTransformerEncoderLayer
-    att_modules, mlp_modules = _branch_modules(model, r)
+    for att in _attentions(r):
+        if att.kind in ("encoder", "mha"):
+            model.get_submodule(att.attention).__class__ = _ExplicitMultiheadAttention
     if heads:
-        groups, per_head = _head_groups(model, r)
-        holder = HeadGate(r.num_heads, r.head_dim, per_head, **gate_kwargs)
-        holder._groups = groups
-        block.l0_heads = holder
-        model.get_submodule(r.out).register_forward_pre_hook(holder._gate_heads)
+        _attach_heads(model, block, r, gate_kwargs)
     if units:
         groups, per_unit = _unit_groups(model, r)
         down = model.get_submodule(r.down)
@@ -117,13 +123,35 @@ def _attach_block(model, r, heads, units, layers, gate_kwargs):
         block.l0_units = holder
         down.register_forward_pre_hook(holder._gate_units)
     if layers:
-        outputs = (r.out if r.branch_output == "projection" else r.attention, r.down if r.mlp_at_projection else r.mlp)
-        for key, modules, hooked in (("l0_attention", att_modules, outputs[0]), ("l0_mlp", mlp_modules, outputs[1])):
-            holder = LayerGate(1, max(1, _own_parameters(modules)), **gate_kwargs)
-            holder._groups = [(m, n, 0, 0) for m in modules for n, _ in m.named_parameters()]
-            setattr(block, key, holder)
-            if r.kind != "encoder":  # the encoder layer's forward calls its branch gates itself
-                model.get_submodule(hooked).register_forward_hook(holder._gate_output)
+        _attach_attention_branch(model, block, r, gate_kwargs)
+        hooked = r.down if r.mlp_at_projection else r.mlp
+        _attach_branch(model, block, "l0_mlp", _mlp_modules(model, r), hooked, r.kind, gate_kwargs)
+    if r.cross is not None:
+        if heads:
+            _attach_heads(model, block, r.cross, gate_kwargs)
+        if layers:
+            _attach_attention_branch(model, block, r.cross, gate_kwargs)
+
+
+def _attach_heads(model, block, r, gate_kwargs):
+    groups, per_head = _head_groups(model, r)
+    holder = HeadGate(r.num_heads, r.head_dim, per_head, **gate_kwargs)
+    holder._groups = groups
+    setattr(block, r.heads_key, holder)
+    model.get_submodule(r.out).register_forward_pre_hook(holder._gate_heads)
+
+
+def _attach_attention_branch(model, block, r, gate_kwargs):
+    hooked = r.out if r.branch_output == "projection" else r.attention
+    _attach_branch(model, block, r.branch_key, _attention_modules(model, r), hooked, r.kind, gate_kwargs)
+
+
+def _attach_branch(model, block, key, modules, hooked, kind, gate_kwargs):
+    holder = LayerGate(1, max(1, _own_parameters(modules)), **gate_kwargs)
+    holder._groups = [(m, n, 0, 0) for m in modules for n, _ in m.named_parameters()]
+    setattr(block, key, holder)
+    if kind != "encoder":  # the encoder layer's forward calls its branch gates itself
+        model.get_submodule(hooked).register_forward_hook(holder._gate_output)
 
 
 def is_transformer_gated(module):

@@ -28,11 +28,11 @@ class Block:
     Names are relative: ``attention`` and ``mlp`` to the block (``""``: the block itself), the projections and
     ``heads_attr`` to the attention module, ``up`` and ``down`` to the MLP module; dotted names reach further down.
     ``None`` searches the defaults (:data:`ATTENTION_NAMES`, :data:`Q_NAMES`, ...). An
-    ``nn.TransformerEncoderLayer`` or an ``nn.TransformerDecoderLayer`` (its self-attention; the cross-attention is
-    not gated) needs only its ``name``; so do Hugging Face's GPT-2 blocks (a fused ``c_attn`` of ``Conv1D`` layers)
-    and BERT-style layers (``attention.self`` with ``query``, ``key``, ``value``; ``attention.output.dense``;
-    ``intermediate.dense``; ``output.dense``; the residual addition and normalisation inside the output modules, so
-    ``branch_output="projection"``).
+    ``nn.TransformerEncoderLayer`` or an ``nn.TransformerDecoderLayer`` (its cross-attention has gates
+    ``l0_cross_heads`` and ``l0_cross_attention`` of its own) needs only its ``name``; so do Hugging Face's GPT-2
+    blocks (a fused ``c_attn`` of ``Conv1D`` layers) and BERT-style layers (``attention.self`` with ``query``,
+    ``key``, ``value``; ``attention.output.dense``; ``intermediate.dense``; ``output.dense``; the residual addition
+    and normalisation inside the output modules, so ``branch_output="projection"``).
 
     A projection is an ``nn.Linear`` or Hugging Face's ``Conv1D`` (a linear layer storing its weight
     ``(in, out)``).
@@ -111,6 +111,9 @@ class _Resolved:
     fused: bool = False
     branch_output: str = "module"
     outputs: int = 0
+    heads_key: str = "l0_heads"
+    branch_key: str = "l0_attention"
+    cross: "_Resolved | None" = None  # a decoder layer's cross-attention (its own head and branch gates)
 
     @property
     def mlp_at_projection(self):
@@ -161,13 +164,19 @@ def _resolve(model, block):
         module = model.get_submodule(block.name)
     except AttributeError:
         raise ValueError(f"blocks: no module named {block.name!r} in the model") from None
-    if isinstance(module, nn.TransformerDecoderLayer):  # self-attention heads, MLP units, both branches
-        mha = module.self_attn
+    if isinstance(module, nn.TransformerDecoderLayer):  # self- and cross-attention heads, MLP units, 3 branches
+        mha, cross = module.self_attn, module.multihead_attn
         _check_mha(mha, _join(block.name, "self_attn"))
+        _check_mha(cross, _join(block.name, "multihead_attn"))
+        cross = _Resolved(
+            block.name, "mha", _join(block.name, "multihead_attn"), None, None, None,
+            _join(block.name, "multihead_attn", "out_proj"), cross.num_heads, cross.head_dim, None, None, None, [],
+            None, heads_key="l0_cross_heads", branch_key="l0_cross_attention",
+        )  # fmt: skip
         return _Resolved(
             block.name, "mha", _join(block.name, "self_attn"), None, None, None,
             _join(block.name, "self_attn", "out_proj"), mha.num_heads, mha.head_dim, None, None, block.name,
-            [_join(block.name, "linear1")], _join(block.name, "linear2"),
+            [_join(block.name, "linear1")], _join(block.name, "linear2"), cross=cross,
         )  # fmt: skip
     if isinstance(module, nn.TransformerEncoderLayer):
         mha = module.self_attn
@@ -370,17 +379,23 @@ def _unit_groups(model, r):
     return groups, per_unit + features(down)[1]
 
 
-def _branch_modules(model, r):
-    """``(attention branch modules, MLP branch modules)``: what a closed branch removes."""
+def _attention_modules(model, r):
+    """The modules a closed attention branch removes."""
     if r.branch_output == "projection":
-        attention = [model.get_submodule(r.heads_owner), model.get_submodule(r.out)]
-    else:
-        attention = [model.get_submodule(r.attention)]
+        return [model.get_submodule(r.heads_owner), model.get_submodule(r.out)]
+    return [model.get_submodule(r.attention)]
+
+
+def _mlp_modules(model, r):
+    """The modules a closed MLP branch removes."""
     if r.kind == "encoder" or r.mlp_at_projection:
-        mlp = [model.get_submodule(n) for n in (*r.up, r.down)]
-    else:
-        mlp = [model.get_submodule(r.mlp)]
-    return attention, mlp
+        return [model.get_submodule(n) for n in (*r.up, r.down)]
+    return [model.get_submodule(r.mlp)]
+
+
+def _attentions(r):
+    """The attentions of block ``r``: its own, and a decoder layer's cross-attention."""
+    return (r,) if r.cross is None else (r, r.cross)
 
 
 def _own_parameters(modules):

@@ -9,7 +9,7 @@ from torch import nn
 from ..sparsify import _as_tuple, _remove_hooks
 from .attach import is_transformer_gated
 from .attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
-from .blocks import _set
+from .blocks import _attentions, _set
 from .gates import _TransformerGate
 from .projections import features, like
 from .projections import weight as projection_weight
@@ -42,12 +42,12 @@ def _close_attention(plain, r, att):
 @torch.no_grad()
 def _prune_attention(plain, r, block):
     """Replace the attention of block ``r`` by its kept heads (Eq. 13 values folded), or a :class:`ZeroBranch`."""
-    z_layer = _gate_value(block, "l0_attention")
+    z_layer = _gate_value(block, r.branch_key)
     att = plain.get_submodule(r.attention)
     if z_layer is not None and float(z_layer) == 0.0:
         _close_attention(plain, r, att)
         return
-    z_heads = _gate_value(block, "l0_heads")
+    z_heads = _gate_value(block, r.heads_key)
     h, d = r.num_heads, r.head_dim
     out = plain.get_submodule(r.out)
     w_out = projection_weight(out)
@@ -155,9 +155,10 @@ def prune_transformer(model, example_inputs=None):
         object.__delattr__(plain, attr)
     for r in resolved:
         block = plain.get_submodule(r.name)
-        _prune_attention(plain, r, block)
+        for att in _attentions(r):
+            _prune_attention(plain, att, block)
         feed_forward = _prune_mlp(plain, r, block)
-        for key in ("l0_heads", "l0_units", "l0_attention", "l0_mlp"):
+        for key in ("l0_heads", "l0_units", "l0_attention", "l0_mlp", "l0_cross_heads", "l0_cross_attention"):
             if hasattr(block, key):
                 delattr(block, key)
         if r.kind == "encoder":

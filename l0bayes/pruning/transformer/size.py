@@ -10,7 +10,7 @@ from ...nn.gates import gate_owners
 from ..counting import count_parameters
 from ..sparsify import _as_tuple, _probe_forward
 from .attach import is_transformer_gated
-from .blocks import _branch_modules, _head_groups, _own_parameters, _unit_groups
+from .blocks import _attention_modules, _attentions, _head_groups, _mlp_modules, _own_parameters, _unit_groups
 from .projections import features, is_projection
 from .projections import flops as projection_flops
 
@@ -129,20 +129,27 @@ class TransformerSize:
         inside = set()
         for r in net._l0_transformer:
             block = net.get_submodule(r.name)
-            att_modules, mlp_modules = _branch_modules(net, r)
-            for modules in (att_modules, mlp_modules):
-                for m in modules:
-                    inside.update(id(p) for p in m.parameters())
-                    inside.update(id(s) for s in m.modules())
-            self._add(block, "l0_attention", "l0_heads", self._attention_count(net, r, block, att_modules, per_token))
-            self._add(block, "l0_mlp", "l0_units", self._mlp_count(net, r, block, mlp_modules, per_token))
+            for att in _attentions(r):
+                modules = _attention_modules(net, att)
+                self._inside(inside, modules)
+                count = self._attention_count(net, att, block, modules, per_token)
+                self._add(block, att.branch_key, att.heads_key, count)
+            modules = _mlp_modules(net, r)
+            self._inside(inside, modules)
+            self._add(block, "l0_mlp", "l0_units", self._mlp_count(net, r, block, modules, per_token))
         gate_params = {id(g.log_alpha) for g in self.gates}
         self.const = sum(p.numel() for p in net.parameters() if id(p) not in inside and id(p) not in gate_params)
-        # the rest: every linear layer outside the branches (embedding heads, a decoder's cross-attention, ...)
+        # the rest: every linear layer outside the branches (an output head, ungated blocks, ...)
         self.const_flops = _flops(net, calls) / tokens - sum(c.dense_flops for _, c in self.branches)
         self.dense_parameters = self.const + sum(c.dense for _, c in self.branches)
         self.dense_flops = self.const_flops + sum(c.dense_flops for _, c in self.branches)
         assert self.dense_parameters == count_parameters(net), "the branches do not cover the model's parameters"
+
+    @staticmethod
+    def _inside(inside, modules):
+        for m in modules:
+            inside.update(id(p) for p in m.parameters())
+            inside.update(id(s) for s in m.modules())
 
     def _add(self, block, branch_key, inner_key, count):
         index = len(self.branches)
@@ -171,7 +178,7 @@ class TransformerSize:
         pos = per_token.get(id(out), 0.0)
         per_flops += 2 * d * features(out)[1] * pos
         const_flops = (out.bias is not None) * features(out)[1] * pos
-        return _BranchCount(getattr(block, "l0_heads", None), h, const, per_head, const_flops, per_flops)
+        return _BranchCount(getattr(block, r.heads_key, None), h, const, per_head, const_flops, per_flops)
 
     @staticmethod
     def _mlp_count(net, r, block, modules, per_token):
