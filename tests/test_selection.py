@@ -169,7 +169,8 @@ def test_known_support_recovered_at_rho_0_9():
     y = x @ beta + rng.standard_normal(n)
     res = l0bayes.select_variables(torch.tensor(x), torch.tensor(y), feature_names=[f"x{j}" for j in range(p)])
     assert sorted(res.selected().tolist()) == support
-    assert res.reliable
+    assert res.reliable and res.method == "reweighted"
+    assert res.details["verified"]["max_gap"] < 0.2 and "the exact sampler, run from the fit, agrees" in res.diagnostic
     assert all(any(j in s for s in res.credible_sets) for j in support)
     np.testing.assert_allclose(res.coefficients[support], beta[support], atol=0.25)
     table = res.summary()
@@ -182,7 +183,13 @@ def test_result_object_inference_data_and_plot(diabetes):
     idata = res.to_inference_data(num_draws=2000)
     gamma = idata.posterior["gamma"]
     assert gamma.dims == ("chain", "draw", "feature") and list(gamma.feature.values) == list("abcdefghij")
-    np.testing.assert_allclose(gamma.mean(("chain", "draw")).values, res.inclusion_probabilities, atol=0.06)
+    # the resampled draws estimate the weighted mean of the drawn indicators ...
+    weights = np.exp(res.log_weights - np.logaddexp.reduce(res.log_weights))
+    np.testing.assert_allclose(gamma.mean(("chain", "draw")).values, weights @ res.draws, atol=0.06)
+    # ... and the probabilities are Rao-Blackwellised: the exact ones at the fitted hyperparameters, more closely
+    exact = exact_inclusion_probabilities(x, y, res.prior_inclusion, res.slab_scale, sigma).inclusion
+    assert np.abs(res.inclusion_probabilities - exact).max() < 0.02
+    assert np.abs(res.inclusion_probabilities - exact).max() < np.abs(weights @ res.draws - exact).max()
     assert idata.selection.attrs["khat"] == res.khat
     fig, ax = res.plot(exact=res.inclusion_probabilities)
     assert len(ax.patches) == 20 and ax.get_ylabel() == "inclusion probability"
@@ -393,3 +400,27 @@ def test_benchmark_script_small_setting(tmp_path):
     assert all(0 <= r["auprc"] <= 1 for r in records)
     with pytest.raises(SystemExit, match="exists"):
         bvs.main([*args, "--json", str(out)])
+
+
+def test_a_passed_check_that_the_sampler_contradicts_gives_the_samplers_answer():
+    """Pareto k-hat cannot see a mode the fit never proposes: the sampler, run from the fit, decides."""
+    from l0bayes.models import selection
+
+    rng = np.random.default_rng(5)
+    n, p = 300, 40
+    x = ar1_design(n, p, 0.5, rng)
+    beta = np.zeros(p)
+    beta[[3, 17, 30]] = [1.0, -1.0, 0.8]
+    y = x @ beta + rng.standard_normal(n)
+    res = l0bayes.select_variables(x, y, prior_inclusion=0.1, slab_scale=1.0, noise_scale=1.0)
+    assert res.method == "reweighted" and res.inclusion_probabilities[[3, 17, 30]].min() > 0.99
+    # the same fit with feature 17 forgotten: its check would have passed on what it proposed
+    xs, yc, _, _ = selection._standardise(torch.tensor(x), torch.tensor(y), "gaussian")
+    opts = {"num_chains": 4, "mcmc_steps": 1250, "generator": torch.Generator().manual_seed(0)}
+    wrong = np.array(res.inclusion_probabilities)
+    wrong[17] = 0.0
+    start = torch.as_tensor(np.clip(wrong, 1e-3, 1 - 1e-3))
+    fit = {"inclusion": wrong, "start": start, "hyper": (0.1, 1.0, 1.0), "details": {}, "khat": 0.3}
+    out = selection._verify(fit, xs, yc, "gaussian", opts, 15.0, noise_given=True)
+    assert out["method"] == "mcmc" and out["details"]["check_contradicted"]["feature"] == 17
+    assert out["inclusion"][17] > 0.9

@@ -45,6 +45,8 @@ import torch
 from .inference_data import import_arviz
 
 KHAT_THRESHOLD = 0.7
+RB_MODELS = 256  # distinct drawn models Rao-Blackwellised at most (the heaviest)
+RB_TAIL = 1e-6  # the weight left to the indicators
 CHUNK = 128
 
 
@@ -269,6 +271,7 @@ def importance_check(
     num_draws=2000,
     generator=None,
     core=None,
+    rao_blackwell=True,
 ):
     r"""Reweight draws of a product-Bernoulli proposal (or a mixture of them) to the exact collapsed posterior.
 
@@ -283,6 +286,11 @@ def importance_check(
     :param int num_draws: number of draws :math:`S`.
     :param generator: a :class:`torch.Generator` for the draws (on the device of ``x``).
     :param core: ``(p,)`` boolean mask of the features drawn one by one (see :class:`BernoulliMixture`).
+    :param bool rao_blackwell: estimate each inclusion probability by the weighted mean of its conditional
+        :math:`P(\gamma_j = 1 \mid \gamma_{-j}, y)` over the distinct drawn models (exact, from the Schur
+        complements of :mod:`l0bayes.inference.tempered_gibbs`) instead of the weighted mean of the indicator
+        :math:`\gamma_j`: the same limit, a smaller Monte Carlo error, and no exact zeros for the features no
+        draw included (their order then says which come next).
     :returns: :class:`ImportanceCheck`.
     """
     proposals = torch.as_tensor(proposals, dtype=x.dtype, device=x.device).reshape(-1, x.shape[1])
@@ -299,10 +307,13 @@ def importance_check(
     smoothed, khat = psis((log_ml + log_prior - log_q).cpu().numpy())
     weights = torch.as_tensor(np.exp(smoothed), dtype=x.dtype, device=x.device)
     flat = index.flatten()
-    inclusion = x.new_zeros(p + 1).index_add_(0, flat, weights[:, None].expand_as(index).flatten())[:p]
     coef_mean = x.new_zeros(p + 1).index_add_(0, flat, (weights[:, None] * coef).flatten())[:p]
     draws = torch.zeros(num_draws, p + 1, dtype=torch.bool, device=x.device)
     draws[torch.arange(num_draws, device=x.device)[:, None], index] = True
+    if rao_blackwell:
+        inclusion = _conditional_inclusion(x, y, draws[:, :p], weights, prior_inclusion, slab_scale, noise_scale)
+    else:
+        inclusion = x.new_zeros(p + 1).index_add_(0, flat, weights[:, None].expand_as(index).flatten())[:p]
     return ImportanceCheck(
         khat=khat,
         ess=float(1.0 / (weights**2).sum()),
@@ -313,6 +324,34 @@ def importance_check(
         draws=draws[:, :p].cpu().numpy(),
         log_weights=smoothed,
     )
+
+
+def _conditional_inclusion(x, y, draws, weights, prior_inclusion, slab_scale, noise_scale, batch=64):
+    r"""Rao-Blackwellised inclusion probabilities of weighted draws: :math:`\sum_s w_s P(\gamma_j = 1 \mid
+    \gamma^{(s)}_{-j}, y) / \sum_s w_s`.
+
+    Each distinct drawn model counts once with its summed weight; the conditionals come in batches from the
+    sampler's rank-one state. The heaviest models holding all but :data:`RB_TAIL` of the weight (at most
+    :data:`RB_MODELS` of them) are Rao-Blackwellised; the rest of the weight keeps its indicators.
+    """
+    from ..inference.tempered_gibbs import _State
+
+    models, inverse = torch.unique(draws, dim=0, return_inverse=True)
+    mass = weights.new_zeros(models.shape[0]).index_add_(0, inverse, weights)
+    order = torch.argsort(mass, descending=True)
+    models, mass = models[order], mass[order]
+    covered = torch.cumsum(mass, 0) / mass.sum()
+    count = min(int((covered < 1.0 - RB_TAIL).sum()) + 1, RB_MODELS, models.shape[0])
+    u = torch.cat([x.T @ y, y.new_zeros(1)])
+    log_odds = math.log(prior_inclusion) - math.log1p(-prior_inclusion)
+    total = (mass[count:, None] * models[count:].to(x.dtype)).sum(0)
+    for start in range(0, count, batch):
+        chunk = models[start : min(start + batch, count)]
+        state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, x.new_full((1,), 1.0 / noise_scale**2), None, 16)
+        state.start(chunk)
+        logit, _ = state.conditionals(log_odds, 2.0 * math.log(slab_scale))
+        total += (mass[start : start + chunk.shape[0], None] * torch.sigmoid(logit)).sum(0)
+    return total / mass.sum()
 
 
 def gate_importance_check(model, x, y, prior_inclusion=None, slab_scale=None, noise_scale=None, num_draws=2000, seed=0):

@@ -16,17 +16,20 @@ guide of the docs has the numbers):
 3. Check and correct: the fit's probabilities define a product-Bernoulli proposal; its draws are
    reweighted to the exact collapsed posterior of the spike-and-slab model with
    ``prior_inclusion``, ``slab_scale`` and ``noise_scale`` (Pareto-smoothed importance sampling,
-   :mod:`l0bayes.analysis.importance`), in two or three adaptive rounds. With Pareto
-   :math:`\hat k \le 0.7` the reweighted probabilities are returned (they estimate the exact
-   ones); above, the fit's own probabilities are returned and the result says they are not
-   checked.
+   :mod:`l0bayes.analysis.importance`), in two or three adaptive rounds; the last round's
+   probabilities are Rao-Blackwellised (each drawn model contributes every feature's conditional
+   inclusion probability, not its 0/1 indicator). With Pareto :math:`\hat k \le 0.7` the
+   reweighted probabilities estimate the exact ones.
 
-4. Where the check fails (``method="auto"``, the default), the exact posterior is sampled by
-   weighted tempered Gibbs sampling (Zanella & Roberts, 2019;
-   :mod:`l0bayes.inference.tempered_gibbs`), started from the fit, within ``time_budget``
-   seconds; its Rao-Blackwellised probabilities, with R-hat, ESS and a Monte Carlo standard error
-   each, are returned (``result.method == "mcmc"``). No probability above 0.9 is returned without
-   a passed check or a mixed chain: such a probability is returned as 0.9 (``result.capped``).
+4. Then (``method="auto"``, the default) the exact posterior is sampled by weighted tempered
+   Gibbs sampling (Zanella & Roberts, 2019; :mod:`l0bayes.inference.tempered_gibbs`), started
+   from the fit: 4 chains x 1,250 steps, as many weighted draws as millipede's default run, at most
+   ``time_budget`` seconds. Where the check failed its Rao-Blackwellised probabilities, with
+   R-hat, ESS and a Monte Carlo standard error each, are returned (``result.method == "mcmc"``);
+   where it passed they test it: :math:`\hat k` only sees what the fit proposes, and a sampler
+   that moves a probability by more than 0.2 (plus twice its Monte Carlo error) has found mass the
+   fit missed, so its answer is returned instead. No probability above 0.9 is returned without a
+   passed check or a mixed chain: such a probability is returned as 0.9 (``result.capped``).
 
 Bernoulli family: the mean-field hard concrete model
 (:class:`~l0bayes.models.SparseLogisticRegression`, Gaussian slab) fitted full batch until the
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..analysis.importance import KHAT_THRESHOLD, importance_check, khat_meaning, psis
+from ..analysis.importance import KHAT_THRESHOLD, _conditional_inclusion, importance_check, khat_meaning, psis
 from ..distributions import kl_hard_concrete
 from ..inference.single_effects import credible_sets, fit_single_effects
 from ..inference.tempered_gibbs import ESS_MIN, RELEVANT, RHAT_MAX, tempered_gibbs
@@ -52,7 +55,10 @@ from ..threads import thread_policy
 FAMILIES = ("gaussian", "bernoulli")
 METHODS = ("auto", "variational", "mcmc")
 CAP = 0.9  # no probability above this without a passed check or a mixed chain
-TIME_BUDGET = 15.0  # default seconds for the sampler
+TIME_BUDGET = 15.0  # default seconds for the sampler (an upper bound; its steps usually end it first)
+MCMC_STEPS = 1250  # method="auto": steps per chain after warm-up; 4 chains give 5,000 weighted draws (millipede's T)
+MAX_MCMC_STEPS = 100_000  # method="mcmc": until mixed or the time budget, at most this many
+AGREE = 0.2  # a passed check is confirmed when no probability differs from the sampler's by more than this
 UNRELIABLE = (
     "Pareto k-hat = {khat:.2f} > 0.7 ({meaning}): these inclusion probabilities could not be checked "
     "against the exact posterior; do not trust individual probabilities, trust only the credible sets (if any)."
@@ -129,9 +135,15 @@ class SelectionResult:
         """One line: which method produced the probabilities, when (not) to trust them, what k-hat means."""
         meaning = khat_meaning(self.khat)
         if self.method == "reweighted":
-            return (
+            line = (
                 f"Pareto k-hat = {self.khat:.2f} <= 0.7 ({meaning}): the probabilities are importance-reweighted "
-                "to the exact posterior of the stated model and can be trusted up to Monte Carlo error."
+                "to the exact posterior of the stated model and can be trusted up to Monte Carlo error"
+            )
+            verified = self.details.get("verified")
+            if verified is None:
+                return line + "."
+            return line + (
+                f"; the exact sampler, run from the fit, agrees (largest difference {verified['max_gap']:.2f})."
             )
         if self.method == "mcmc":
             run = self.sampler
@@ -139,6 +151,12 @@ class SelectionResult:
                 f"Weighted tempered Gibbs sampling on the exact posterior (k-hat of the fit {self.khat:.2f}), "
                 f"{len(run.chain_inclusion)} chains x {run.num_steps} steps in {run.seconds:.1f} s"
             )
+            contradicted = self.details.get("check_contradicted")
+            if contradicted is not None:
+                head += (
+                    f" (the check passed, but the sampler moved the probability of feature "
+                    f"{self.feature_names[contradicted['feature']]} by {contradicted['max_gap']:.2f})"
+                )
             if run.mixed:
                 return head + (
                     f": mixed (R-hat <= {RHAT_MAX} and ESS >= {ESS_MIN} for every probability >= {RELEVANT}); "
@@ -152,7 +170,7 @@ class SelectionResult:
             return head + (
                 f": NOT mixed, {int(bad.sum())} probabilities with R-hat up to {rhat} or ESS down to {ess} "
                 f"(need <= {RHAT_MAX} and >= {ESS_MIN}); {self.capped.size} above {CAP} capped at {CAP}; "
-                "raise time_budget."
+                "raise mcmc_steps (and time_budget)."
             )
         line = UNRELIABLE.format(khat=self.khat, meaning=meaning)
         if self.capped.size:
@@ -416,12 +434,17 @@ def _reweight(x, y, pip, hyper, num_draws, rounds, generator):
     probs, check = pip, None
     for _ in range(rounds):
         proposals, core = _proposals(probs, p)
-        check = importance_check(x, y, proposals, *hyper, num_draws=num_draws, generator=generator, core=core)
+        check = importance_check(
+            x, y, proposals, *hyper, num_draws=num_draws, generator=generator, core=core, rao_blackwell=False
+        )
         if check.reliable and check.ess >= 0.1 * num_draws:
             break
         # the next round adapts the core features only: a background feature's estimate rests on
         # the few draws that happened to include it
         probs = torch.where(core, torch.as_tensor(check.inclusion, dtype=x.dtype, device=x.device), pip)
+    draws = torch.as_tensor(check.draws, device=x.device)
+    weights = torch.as_tensor(np.exp(check.log_weights), dtype=x.dtype, device=x.device)
+    check.inclusion = _conditional_inclusion(x, y, draws, weights, *hyper).cpu().numpy()
     return check
 
 
@@ -605,6 +628,25 @@ def _refine(fit, xs, y, family, opts, time_budget, noise_given):
     }
 
 
+def _verify(fit, xs, y, family, opts, budget, noise_given):
+    r"""A passed check, tested by the sampler started from the fit.
+
+    Pareto :math:`\hat k` only sees the states the fit proposes: a fit that misses a mode entirely can pass it.
+    The sampler, started from the fit, finds such a mode. Where every probability of the checked fit lies within
+    :data:`AGREE` (plus twice its Monte Carlo error) of the sampler's, the checked fit stands; else the sampler's
+    answer is returned.
+    """
+    run = _refine(fit, xs, y, family, opts, budget, noise_given)
+    gap = np.abs(np.asarray(run["inclusion"]) - np.asarray(fit["inclusion"]))
+    excess = gap - AGREE - 2 * np.nan_to_num(run["mcse"])
+    verdict = {"max_gap": float(gap.max()), "feature": int(np.argmax(excess)), "seconds": run["sampler"].seconds}
+    if not (excess > 0).any():
+        fit["details"]["verified"] = verdict
+        return fit
+    run["details"]["check_contradicted"] = verdict
+    return run
+
+
 def _cap(fit):
     """Probabilities above :data:`CAP` without a passed check or a mixed chain, returned as :data:`CAP`."""
     inclusion = np.asarray(fit["inclusion"], dtype=np.float64).copy()
@@ -653,19 +695,26 @@ def select_variables(
     :param feature_names: names for the result (default the column indices).
     :param device: where to compute (``"cpu"``, ``"cuda"``; default: the device of a tensor ``X``, else CPU).
     :param int num_draws: importance-sampling draws per round.
-    :param str method: ``"auto"`` (default): the fit, checked by importance sampling; where the
-        check fails (Pareto :math:`\hat k > 0.7`) the answer comes from weighted tempered Gibbs
-        sampling of the exact posterior (:func:`~l0bayes.inference.tempered_gibbs.tempered_gibbs`),
-        started from the fit. ``"mcmc"``: always the sampler. ``"variational"``: never the sampler.
-    :param time_budget: seconds for the sampler (default 15); it stops earlier once every
-        probability of at least 0.01 has R-hat <= 1.01 and ESS >= 100.
+    :param str method: ``"auto"`` (default): the fit, checked by importance sampling, then weighted
+        tempered Gibbs sampling of the exact posterior
+        (:func:`~l0bayes.inference.tempered_gibbs.tempered_gibbs`) started from the fit, 4 chains x 1,250
+        steps (5,000 weighted draws). Where the check fails (Pareto :math:`\hat k > 0.7`) the answer is the
+        sampler's; where it passes, the reweighted fit stands if no probability differs from the sampler's by
+        more than 0.2 plus twice its Monte Carlo error (``details["verified"]``), else the sampler's answer
+        is returned (``details["check_contradicted"]``): :math:`\hat k` cannot see a mode the fit never
+        proposes. ``"mcmc"``: the sampler until it mixes or ``time_budget`` ends. ``"variational"``: no
+        sampler.
+    :param time_budget: at most this many seconds for the sampler (default 15); it stops earlier once
+        every probability of at least 0.01 has R-hat <= 1.01 and ESS >= 100, or (``"auto"``) after its
+        steps.
     :param threads: torch's intra-op thread count during the fit, as in :func:`~l0bayes.inference.train`
         (:func:`~l0bayes.threads.thread_policy`): ``"auto"`` one thread unless the environment or an enclosing
         ``thread_policy`` chose, ``None`` torch's count, or an int; the caller's count is restored after.
     :param options: advanced: ``num_effects`` (10, the starting number of single effects),
         ``tol`` (1e-3 nats for the ELBO; 1e-4 relative for bernoulli), ``max_iter`` (100 sweeps),
         ``rounds`` (3 adaptive rounds at most), ``lr`` (0.05) and ``max_steps`` (5000) for bernoulli;
-        for the sampler ``num_chains`` (4) and ``mcmc_steps`` (100,000 steps per chain at most).
+        for the sampler ``num_chains`` (4) and ``mcmc_steps`` (steps per chain after warm-up: 1,250 for
+        ``"auto"``, at most 100,000 for ``"mcmc"``).
     :returns: :class:`SelectionResult`; ``result.method`` says which method produced the
         probabilities and ``result.diagnostic`` in one line whether to trust them.
 
@@ -722,7 +771,7 @@ def _select(X, y, family, hyper, feature_names, run, options):
         "num_draws": int(num_draws),
         "generator": generator,
         "num_chains": 4,
-        "mcmc_steps": 100_000,
+        "mcmc_steps": MCMC_STEPS if method == "auto" else MAX_MCMC_STEPS,
         **options,
     }
     # the Bernoulli fit draws its gates from the global generator: seed it, leaving the caller's state alone
@@ -732,9 +781,11 @@ def _select(X, y, family, hyper, feature_names, run, options):
             fit = _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts)
         else:
             fit = _select_bernoulli(xs, yc, prior_inclusion, slab_scale, opts)
+        budget = TIME_BUDGET if time_budget is None else float(time_budget)
         if method == "mcmc" or (method == "auto" and not fit["khat"] <= KHAT_THRESHOLD):
-            budget = TIME_BUDGET if time_budget is None else float(time_budget)
             fit = _refine(fit, xs, yc, family, opts, budget, noise_given=noise_scale is not None)
+        elif method == "auto":
+            fit = _verify(fit, xs, yc, family, opts, budget, noise_given=noise_scale is not None)
     inclusion, capped = _cap(fit)
     if capped.size:
         fit["details"]["uncapped"] = np.asarray(fit["inclusion"], dtype=np.float64)
