@@ -345,9 +345,11 @@ def _conditional_inclusion(x, y, draws, weights, prior_inclusion, slab_scale, no
     u = torch.cat([x.T @ y, y.new_zeros(1)])
     log_odds = math.log(prior_inclusion) - math.log1p(-prior_inclusion)
     total = (mass[count:, None] * models[count:].to(x.dtype)).sum(0)
+    precision = x.new_full((1,), 1.0 / noise_scale**2)
+    state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, precision, None, 16)  # one state: its Gram cache is shared
     for start in range(0, count, batch):
         chunk = models[start : min(start + batch, count)]
-        state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, x.new_full((1,), 1.0 / noise_scale**2), None, 16)
+        state.noise_precision = precision  # start() expands it to the batch
         state.start(chunk)
         logit, _ = state.conditionals(log_odds, 2.0 * math.log(slab_scale))
         total += (mass[start : start + chunk.shape[0], None] * torch.sigmoid(logit)).sum(0)

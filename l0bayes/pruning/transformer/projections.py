@@ -9,6 +9,8 @@ import copy
 
 from torch import nn
 
+from ..counting import _layer_flops
+
 
 def is_conv1d(module):
     """Whether ``module`` is Hugging Face's ``Conv1D``: a linear layer with its weight stored ``(in, out)``."""
@@ -63,5 +65,4 @@ def like(module, weight, bias):
 
 def flops(module):
     """FLOPs of one call at one position, as :func:`~l0bayes.pruning.flops` counts: ``2 * in * out + out``."""
-    n_in, n_out = features(module)
-    return 2 * n_in * n_out + (n_out if module.bias is not None else 0)
+    return _layer_flops(module, *features(module), 1)
