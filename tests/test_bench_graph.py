@@ -103,7 +103,7 @@ def test_graph_body_takes_the_eager_step(bench, method):
         model, x, y = _setup(bench, "mlp", method, "cpu")
         torch.manual_seed(5)
         if kind == "eager":
-            loss = bench.make_step(method, model, N)(x[idx], y[idx])
+            loss = float(bench.make_step(method, model, N)(x[idx], y[idx]))
         else:
             total = torch.zeros((), dtype=torch.float64)
             optimizer = torch.optim.Adam(model.parameters(), lr=bench.LR, fused=True)

@@ -1,6 +1,7 @@
 """Each built-in callback on its own, driven through the loop (``fit``) with a small run."""
 
 import math
+import types
 
 import pytest
 import torch
@@ -174,3 +175,62 @@ def test_checkpointing_writes_what_restore_reads(tmp_path):
     third.callbacks.setup(third)
     with pytest.raises(ValueError, match="no parameter average"):
         third.callbacks.callbacks[-1].restore(third, state, seed=0)
+
+
+def test_finite_check_reads_the_device_flag_only_when_due():
+    from l0bayes.inference.loop import FiniteCheck
+
+    immediate = FiniteCheck()
+    immediate.observe(torch.tensor(1.0))
+    with pytest.raises(NonFiniteLossError, match="nan"):
+        immediate.observe(torch.tensor(float("nan")))
+    delayed = FiniteCheck(4)
+    for v in [1.0, 2.0, float("inf"), 3.0, float("nan")]:
+        delayed.observe(torch.tensor(v))  # no error: nothing read yet
+    assert [delayed.due(k) for k in (3, 4, 8)] == [False, True, True] and not immediate.due(1)
+    with pytest.raises(NonFiniteLossError) as err:
+        delayed.check()
+    assert err.value.steps_ago == 3  # the inf, three steps before the read
+    delayed.check()  # cleared by the read
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError):
+            FiniteCheck(bad)
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_loop_names_the_first_non_finite_step_and_stops_before_the_epoch_record(every):
+    from l0bayes.inference.loop import FiniteCheck
+
+    run, _ = _run(epochs=3)
+    run.steps_per_epoch = None
+    run.finite = FiniteCheck(every)
+    inner, seen = run.step, []
+
+    def step(x, y):  # the objective goes NaN at the 5th step (epoch 2, step 2) and stays so
+        loss, value, statistics = inner(x, y)
+        if run.global_step >= 4:
+            value = value * float("nan")
+        run.finite.observe(value)
+        return loss, value, statistics
+
+    run.step = step
+
+    class Records(Callback):
+        def on_epoch_end(self, run, record):
+            seen.append(record["epoch"])
+
+    expected = r"epoch 2, step 2" + ("; lower" if every == 1 else r" \(found 1 step\(s\) later")
+    with pytest.raises(NonFiniteLossError, match=expected):
+        _fit(run, [Records()])
+    assert seen == [1]  # the epoch that went non-finite was never recorded
+    assert run.global_step == (4 if every == 1 else 6)  # every=4: read at the end of epoch 2 (3 steps)
+
+
+def test_tensor_batches_keep_the_data_on_the_run_device_in_the_same_order(device):
+    x, y = torch.randn(50, 3), torch.arange(50)
+    on_cpu = TensorBatches(x, y, 20, 7, DataParallelContext(False, "cpu"))
+    on_device = TensorBatches(x, y, 20, 7, DataParallelContext(False, device))
+    assert on_device.x.device.type == device.type and on_device.y.device.type == device.type
+    run = types.SimpleNamespace(device=device)
+    for (xa, ya), (xb, yb) in zip(on_cpu(run), on_device(run), strict=True):
+        assert xb.device.type == device.type and torch.equal(ya.to(device), yb) and torch.equal(xa.to(device), xb)

@@ -187,3 +187,10 @@ def test_record_free_energy_equals_pyro_traces(kl):
         a, b = float(getattr(fast, name)), float(getattr(reference, name))
         assert abs(a - b) <= 1e-12 * max(1.0, abs(b)), (name, a, b)
     assert (float(fast.gate_kl) > 0) == kl
+
+
+def test_train_names_the_first_non_finite_step_on_each_device(device):
+    # On the CPU the objective is read every step; on a GPU the flag is read at the epoch's end here.
+    x, y = _sparse_regression(n=200, p=5)
+    with pytest.raises(NonFiniteLossError, match=r"epoch 1, step 1[ ;]"):
+        train(SparseLinearRegression(5), x, y * 1e30, epochs=2, batch_size=50, progress=False, device=device)

@@ -19,11 +19,12 @@ class TensorBatches:
 
     The order comes from a generator of its own seeded with ``seed`` (so that the gate noise does not
     change the data order), sharded between data-parallel ranks as ``DistributedSampler`` does;
-    ``batch_size`` is the global minibatch.
+    ``batch_size`` is the global minibatch. On an accelerator, ``x`` and ``y`` are copied to it once (where
+    they fit) and each epoch's order too, so that a step neither copies from the host nor waits for a copy.
     """
 
     def __init__(self, x, y, batch_size, seed, ddp):
-        self.x, self.y = x, y
+        self.x, self.y = _resident(x, y, ddp.device)
         self.num_data = x.shape[0]
         self.batch_size = min(int(batch_size), self.num_data)
         self.local_batch = ddp.local_batch_size(self.batch_size)
@@ -32,7 +33,7 @@ class TensorBatches:
         self.shuffle = torch.Generator().manual_seed(int(seed))
 
     def __call__(self, run):
-        order = self.ddp.shard(torch.randperm(self.num_data, generator=self.shuffle))
+        order = self.ddp.shard(torch.randperm(self.num_data, generator=self.shuffle)).to(self.x.device)
         for step in range(self.steps_per_epoch):
             idx = order[step * self.local_batch : (step + 1) * self.local_batch]
             yield self.x[idx].to(run.device), self.y[idx].to(run.device)
@@ -116,6 +117,18 @@ def make_batches(x, y, batch_size, seed, ddp, num_data=None):
     if y is not None:
         raise ValueError("with an iterable of (x, y) batches as data, leave y=None (the batches hold the targets)")
     return IterableBatches(x, num_data)
+
+
+def _resident(x, y, device):
+    """``x, y`` where the steps read them: on the CPU as given; on an accelerator, moved there once (a copy
+    from pageable host memory makes every step wait for it), or left on the host if they do not fit."""
+    device = torch.device(device)
+    if device.type == "cpu" or (x.device == device and y.device == device):
+        return x, y
+    try:
+        return x.to(device), y.to(device)
+    except torch.OutOfMemoryError:
+        return x, y
 
 
 def _pair(batch):

@@ -13,7 +13,68 @@ import torch
 from .callbacks import CallbackList
 from .errors import NonFiniteLossError
 
-__all__ = ["Run", "fit"]
+__all__ = ["FiniteCheck", "Run", "fit"]
+
+#: Steps between two host reads of the finiteness flag on an accelerator (the CPU checks every step).
+ACCELERATOR_CHECK_EVERY = 100
+
+
+class FiniteCheck:
+    """Refuses a NaN or infinite objective, reading it back to the host only every ``every`` steps.
+
+    A read every step stalls an accelerator: the host waits for the step's kernels before it launches the
+    next step's. With ``every > 1`` the steps only update a flag on the device (is any objective since the
+    last read non-finite, and for how many steps), and :meth:`check` reads it every ``every`` steps and at the
+    end of every epoch, before anything is recorded or saved. The error then names the first non-finite step;
+    the steps after it, up to the read, updated the parameters with non-finite gradients, so the model is not
+    usable, while the last checkpoint (written at an epoch's end, after the read) is clean. With ``every=1``
+    (the default, and ``train``'s on the CPU, where a read costs nothing) the error comes before the step's
+    backward pass.
+
+    :param int every: steps between host reads (``>= 1``).
+    """
+
+    def __init__(self, every=1):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a whole number >= 1, got {every!r}")
+        self.every = every
+        self._bad = None  # device bool: some objective since the last read was not finite
+        self._since = None  # device int: steps since the first such one, that one included
+
+    def observe(self, value):
+        """Record one step's objective ``value`` (a scalar tensor, the same on every data-parallel rank).
+
+        :raises NonFiniteLossError: at once, when ``every == 1`` and ``value`` is not finite.
+        """
+        bad = ~torch.isfinite(value.detach())
+        if self.every == 1:
+            if bad:
+                raise NonFiniteLossError(f"non-finite objective ({float(value.detach())})")
+            return
+        if self._bad is None:
+            self._bad, self._since = bad.clone(), bad.long()
+        else:
+            self._bad.logical_or_(bad)
+            self._since.add_(self._bad)
+
+    def due(self, steps):
+        """Whether the flag is to be read after ``steps`` steps of the epoch."""
+        return self.every > 1 and steps % self.every == 0
+
+    def check(self):
+        """Read the flag (one host read) and clear it.
+
+        :raises NonFiniteLossError: when some objective since the last read was not finite; its ``steps_ago``
+            attribute says how many steps before this read the first one was (1: the last step).
+        """
+        if self._bad is None:
+            return
+        bad, since = bool(self._bad), int(self._since)
+        self._bad = self._since = None
+        if bad:
+            err = NonFiniteLossError("non-finite objective")
+            err.steps_ago = since
+            raise err
 
 
 @dataclass
@@ -25,10 +86,12 @@ class Run:
     :ivar objective: the :class:`~l0bayes.inference.objectives.Objective` (loss and its own state).
     :ivar batches: ``batches(run)`` gives the epoch's ``(x, y)`` minibatches on the device.
     :ivar step: ``step(x, y) -> (loss, value, statistics)``: the objective on one minibatch, ``value`` the
-        differentiable quantity to minimise, ``statistics`` what the objective's update takes; it raises
-        :class:`~l0bayes.inference.NonFiniteLossError` for a NaN or infinite objective (one check per step,
-        where the step can read its value; :func:`~l0bayes.inference.train`'s step checks the value averaged
-        over data-parallel ranks, so that every rank stops alike).
+        differentiable quantity to minimise, ``statistics`` what the objective's update takes; it hands the
+        objective to ``finite`` (:func:`~l0bayes.inference.train`'s step hands the value averaged over the
+        data-parallel ranks, so that every rank stops alike) or raises
+        :class:`~l0bayes.inference.NonFiniteLossError` itself.
+    :ivar finite: the :class:`FiniteCheck` the step reports to; the loop reads it every ``finite.every``
+        steps and at the end of every epoch.
     :ivar schedule: the learning-rate schedule, if any (stepped by a callback).
     :ivar epochs: the last epoch to train (exclusive, 0-based ``epoch`` runs up to ``epochs - 1``).
     :ivar epoch: the current epoch (0-based); after a resume, the first epoch still to train.
@@ -56,6 +119,7 @@ class Run:
     last_loss: torch.Tensor | None = None
     epoch_loss: torch.Tensor | float = 0.0
     epoch_steps: int = 0
+    finite: FiniteCheck = field(default_factory=FiniteCheck)
 
     def mean_loss(self):
         """The mean training loss of the current epoch (one read from the device)."""
@@ -92,9 +156,8 @@ def _epochs(run, hooks):
             run.optimizer.zero_grad(set_to_none=True)
             try:
                 loss, value, statistics = run.step(x, y)
-            except NonFiniteLossError as err:  # say where
-                where = f"at epoch {run.epoch + 1}, step {run.epoch_steps + 1}"
-                raise NonFiniteLossError(f"{err} {where}; lower the learning rate or check the data") from None
+            except NonFiniteLossError as err:
+                _nonfinite(run, err, run.epoch_steps + 1)
             value.backward()
             run.optimizer.step()
             run.objective.update(statistics)
@@ -102,7 +165,26 @@ def _epochs(run, hooks):
             run.epoch_loss = run.epoch_loss + run.last_loss.double()
             run.epoch_steps += 1
             run.global_step += 1
+            if run.finite.due(run.epoch_steps):
+                _read_finite(run)
             hooks.on_step_end(run)
+        _read_finite(run)
         record = {"epoch": run.epoch + 1}
         hooks.on_epoch_end(run, record)
         run.epoch += 1
+
+
+def _read_finite(run):
+    try:
+        run.finite.check()
+    except NonFiniteLossError as err:
+        _nonfinite(run, err, run.epoch_steps - err.steps_ago + 1)
+
+
+def _nonfinite(run, err, step):
+    """Raise ``err`` again, saying at which step of which epoch the objective was first not finite."""
+    where = f"at epoch {run.epoch + 1}, step {step}"
+    late = getattr(err, "steps_ago", None)
+    if late is not None:  # found by a delayed read: say so
+        where += f" (found {late - 1} step(s) later: on this device the flag is read every {run.finite.every} steps)"
+    raise NonFiniteLossError(f"{err} {where}; lower the learning rate or check the data") from None

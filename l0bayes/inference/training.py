@@ -31,7 +31,7 @@ from .data_checks import check_data
 from .device import resolve_device
 from .distributed import DataParallelContext, seed_everything
 from .errors import NonFiniteLossError
-from .loop import Run, fit
+from .loop import ACCELERATOR_CHECK_EVERY, FiniteCheck, Run, fit
 from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, RANK, WAIT, make_objective
 from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr
 from .resume import check_signature, resume_point, run_signature
@@ -176,7 +176,11 @@ def train(
     :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
         L0, expected FLOPs, test error, multipliers and densities, wall time, and ``lr``: the step size of
         each of the optimiser's parameter groups during that epoch).
-    :raises NonFiniteLossError: when the objective or a parameter becomes NaN or infinite.
+    :raises NonFiniteLossError: when the objective or a parameter becomes NaN or infinite. On the CPU the
+        objective is checked every step, before its backward pass; on an accelerator a flag on the device is read
+        back every 100 steps and at the end of every epoch (a read every step would stall the device), so the
+        error names the first non-finite step, the parameters have taken the steps after it, and the last
+        checkpoint is the clean state (:class:`~l0bayes.inference.loop.FiniteCheck`).
     """
     arguments = dict(locals())
     check_arguments(arguments, x, y)
@@ -243,23 +247,26 @@ def _build_run(model, x, y, a, ddp):
             shape = tuple(x.shape[1:])
         constrained["input_shape"] = shape
     objective = make_objective(a["objective"], model, batches.num_data, multiplier_lr=multiplier_lr, **constrained)
-    step = _step(ddp.wrap(model), CompiledStep(objective) if a["compile"] else objective.step, ddp)
+    # A host read of the objective every step stalls an accelerator: there the flag is read every so often.
+    finite = FiniteCheck(1 if ddp.device.type == "cpu" else ACCELERATOR_CHECK_EVERY)
+    step = _step(ddp.wrap(model), CompiledStep(objective) if a["compile"] else objective.step, ddp, finite)
     run = Run(model, optimizer, objective, batches, step, int(a["epochs"]), batches.num_data, ddp.device)
+    run.finite = finite
     run.steps_per_epoch, run.is_main, run.schedule = batches.steps_per_epoch, ddp.is_main, schedule
     signature = run_signature(a["objective"], a["lr"], batches.batch_size, x, y)
     return run, {**signature, **settings}
 
 
-def _step(step_objective, step_function, ddp):
+def _step(step_objective, step_function, ddp, finite):
     """One minibatch's ``(loss, value, statistics)``: the objective (inside DDP when data-parallel), with the
-    loss and statistics averaged over the ranks and a non-finite objective refused on every rank alike."""
+    loss and statistics averaged over the ranks, and the objective's mean handed to ``finite`` (a
+    :class:`~l0bayes.inference.loop.FiniteCheck`), so that a non-finite one stops every rank alike."""
 
     def step(x, y):
         loss, value, statistics = step_objective(step_function, x, y)
         # Means over the ranks (one all-reduce): the global-batch values, identical on every rank.
         loss_mean, value_mean, statistics = ddp.mean(loss, value, statistics)
-        if not torch.isfinite(value_mean):
-            raise NonFiniteLossError(f"non-finite objective ({float(value_mean)})")
+        finite.observe(value_mean)
         return loss_mean, value, statistics
 
     return step
