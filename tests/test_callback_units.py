@@ -198,7 +198,8 @@ def test_finite_check_reads_the_device_flag_only_when_due():
 
 
 @pytest.mark.parametrize("every", [1, 4])
-def test_loop_names_the_first_non_finite_step_and_stops_before_the_epoch_record(every):
+@pytest.mark.parametrize("then", ["nan", "refused"])
+def test_loop_names_the_first_non_finite_step_and_stops_before_the_epoch_record(every, then):
     from l0bayes.inference.loop import FiniteCheck
 
     run, _ = _run(epochs=3)
@@ -206,7 +207,9 @@ def test_loop_names_the_first_non_finite_step_and_stops_before_the_epoch_record(
     run.finite = FiniteCheck(every)
     inner, seen = run.step, []
 
-    def step(x, y):  # the objective goes NaN at the 5th step (epoch 2, step 2) and stays so
+    def step(x, y):  # the objective goes NaN at the 5th step (epoch 2, step 2), then stays so or is refused
+        if then == "refused" and run.global_step >= 5:  # as a distribution refuses NaN parameters
+            raise ValueError("invalid parameters")
         loss, value, statistics = inner(x, y)
         if run.global_step >= 4:
             value = value * float("nan")
@@ -219,11 +222,12 @@ def test_loop_names_the_first_non_finite_step_and_stops_before_the_epoch_record(
         def on_epoch_end(self, run, record):
             seen.append(record["epoch"])
 
-    expected = r"epoch 2, step 2" + ("; lower" if every == 1 else r" \(found 1 step\(s\) later")
+    expected = r"epoch 2, step 2" + ("; lower" if every == 1 else r" \(found [01] step\(s\) later")
     with pytest.raises(NonFiniteLossError, match=expected):
         _fit(run, [Records()])
     assert seen == [1]  # the epoch that went non-finite was never recorded
-    assert run.global_step == (4 if every == 1 else 6)  # every=4: read at the end of epoch 2 (3 steps)
+    # every=4: read at the end of epoch 2 (3 steps), or when the next step raised
+    assert run.global_step == (4 if every == 1 else 5 if then == "refused" else 6)
 
 
 def test_tensor_batches_keep_the_data_on_the_run_device_in_the_same_order(device):

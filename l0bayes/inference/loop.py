@@ -157,7 +157,11 @@ def _epochs(run, hooks):
             try:
                 loss, value, statistics = run.step(x, y)
             except NonFiniteLossError as err:
+                _read_finite(run)  # an earlier non-finite objective not read yet is the cause: name that one
                 _nonfinite(run, err, run.epoch_steps + 1)
+            except Exception:
+                _read_finite(run)  # e.g. a distribution refusing NaN parameters, after a non-finite objective
+                raise
             value.backward()
             run.optimizer.step()
             run.objective.update(statistics)
