@@ -10,7 +10,7 @@ say "gpu-marked tests: ${FILES:-all}" | tee "$OUT/tests2.log"
 timeout -s INT -k 20 "$(cap 45 130)" "${PYT[@]}" -q -m gpu ${FILES:-} >>"$OUT/tests2.log" 2>&1
 echo "pytest -m gpu exit status $?" >>"$OUT/tests2.log"
 say "tests without the gpu marker, not slow" | tee -a "$OUT/tests2.log"
-timeout -s INT -k 25 "$(cap 110 45)" "${PYT[@]}" -v --dist load -m 'not gpu and not slow' --junitxml="$OUT/junit.xml" \
+timeout -s INT -k 25 "$(cap 140 45)" "${PYT[@]}" -v --dist load -m 'not gpu and not slow' --junitxml="$OUT/junit.xml" \
   >>"$OUT/tests2.log" 2>&1
 echo "pytest -m 'not gpu and not slow' exit status $?" >>"$OUT/tests2.log"
 if (($(left) > 25)); then
