@@ -160,8 +160,10 @@ def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     model = _model()  # single-process checkpoint after epoch 1, for the 1 -> 2 resume
     _train(model, "penalized", epochs=1, checkpoint=str(out / "penalized_1proc.pt"), distributed=SHARED)
-    # fork where available: the ranks inherit the imported modules (a fresh interpreter costs seconds per rank)
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    # fork where available: the ranks inherit the imported modules (a fresh interpreter costs seconds per rank);
+    # not after this process ran CUDA (autograd's device threads do not survive a fork): then spawn
+    forkable = "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized()
+    method = "fork" if forkable else "spawn"
     mp.start_processes(_worker, args=(2, *_free_ports(2), str(out)), nprocs=2, join=True, start_method=method)
     return out, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 

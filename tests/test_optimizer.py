@@ -77,7 +77,7 @@ def test_sgd_steps_match_a_hand_computed_update():
     model = _model()
     reference = copy.deepcopy(model)
     x, y = _data()
-    train(model, x, y, objective="penalized", epochs=2, batch_size=x.shape[0], seed=5, progress=False,
+    train(model, x, y, objective="penalized", epochs=2, batch_size=x.shape[0], seed=5, progress=False, device="cpu",
           optimizer=_sgd(lr, mu, wd, gate_lr))  # fmt: skip
     # the same gate draws (train() seeds torch with seed, then each step draws the gates once)
     torch.manual_seed(5)

@@ -17,6 +17,7 @@ from l0bayes.pruning import (
     SelectFeatures,
     count_parameters,
     expected_flops,
+    expected_flops_fraction,
     flops,
     l0_wide_resnet,
     prune,
@@ -217,6 +218,29 @@ def test_prune_residual_cnn_equals_gated_model(dtype):
     assert count_parameters(pruned) < count_parameters(gated)
     kept = (pruned.block1.conv1.out_channels, pruned.block2.conv1.out_channels, open_fc)
     assert architecture(gated).split("-") == [str(n) for n in kept]
+
+
+def test_a_sparsified_model_moved_to_another_device_is_sized_and_pruned_there(device):
+    """Example inputs are kept where sparsify() got them (the CPU); the model may move after, before or after
+    its size was first computed."""
+    layers = ["block1.conv1", "block2.conv1", "fc2"]
+    sized_first = _trained_like(torch.float32, layers)
+    expected = float(expected_flops_fraction(sized_first))
+    for gated in (sized_first.to(device), _trained_like(torch.float32, layers).to(device)):
+        assert float(expected_flops_fraction(gated)) == pytest.approx(expected, rel=1e-6)
+        pruned = prune(gated)
+        assert next(pruned.parameters()).device.type == device.type
+        x = _x(7, seed=3).to(device)
+        with torch.no_grad():
+            assert torch.allclose(pruned(x), gated(x), atol=1e-5, rtol=1e-5)
+
+
+def test_on_device_of_moves_tensors_to_the_parameters_device():
+    from l0bayes.pruning.sparsify import _on_device_of
+
+    moved = _on_device_of(nn.Linear(2, 2, device="meta"), (torch.zeros(1, 2), 3))
+    assert moved[0].device.type == "meta" and moved[1] == 3
+    assert _on_device_of(nn.ReLU(), (torch.zeros(1),))[0].device.type == "cpu"
 
 
 def test_prune_keeps_channels_that_enter_a_residual_addition():

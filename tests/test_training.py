@@ -21,7 +21,7 @@ def test_svi_recovers_true_support(device):
     x, y = _sparse_regression()
     model = SparseLinearRegression(50, prior_inclusion=0.1)
     result = train(model, x, y, objective="bayes", epochs=100, batch_size=100, lr=0.05, device=device, progress=False)
-    assert next(model.parameters()).device.type == device.type
+    assert result.device.type == device.type and next(model.parameters()).device.type == "cpu"  # back home
     pi = model.inclusion_probabilities().cpu()
     assert (pi[:5] > 0.9).all(), pi[:5]
     assert (pi[5:] < 0.1).all(), pi[5:].max()
@@ -123,7 +123,7 @@ def test_l0_mlp_classifier_trains(objective, device):
         input_shape=(64,),
         progress=False,
     )
-    assert next(model.parameters()).device.type == device.type
+    assert result.device.type == device.type and next(model.parameters()).device.type == "cpu"  # back home
     assert result.history[-1]["test_error"] < 0.35
     if objective == "constrained":  # the final phase fixes the gates within the target
         assert result.history[-1]["test_time_density"] <= 0.8 + 1e-9

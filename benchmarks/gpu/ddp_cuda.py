@@ -110,7 +110,7 @@ def main(argv=None):
     record = {
         "world_size": dist.get_world_size() if is_initialized() else 1,
         "backend": dist.get_backend() if is_initialized() else "none (one process: train() makes no group)",
-        "device": str(next(resumed.parameters()).device),
+        "device": str(result.device),
         "resume_bit_identical": all(
             torch.equal(a, b)
             for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True)

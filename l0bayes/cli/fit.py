@@ -174,7 +174,7 @@ def _finish(cfg, run, data, result, wall):
     from .report import format_table, goal_text, objective_details, summary_record, write_history
 
     history = result.history
-    device = next(result.model.parameters()).device  # where it trained (evaluate() moves it to the CPU)
+    device = result.device  # where it trained
     summary = evaluate(cfg, result.model, data)
     module, metadata = summary.pop("pruned")
     summary["history"] = history

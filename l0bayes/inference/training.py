@@ -41,11 +41,13 @@ __all__ = ["NonFiniteLossError", "OBJECTIVES", "ParameterAverage", "TrainResult"
 
 @dataclass
 class TrainResult:
-    """What :func:`train` returns: the trained model, the per-epoch history and the multipliers."""
+    """What :func:`train` returns: the trained model (back on the device it was given on), the per-epoch
+    history, the multipliers (on that device too) and the device it trained on."""
 
     model: torch.nn.Module
     history: list = field(default_factory=list)
     multipliers: torch.Tensor | None = None
+    device: torch.device | None = None
 
 
 def train(
@@ -112,7 +114,10 @@ def train(
         ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). The history records
         the expected fraction (``constraint``), the pruned model's (``test_time_density``,
         ``test_time_density_per_layer``, ``test_time_flops`` when the input shape is known) and the multipliers.
-    :param device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
+    :param device: where to train: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``. The model moves
+        there for training and back to the device it was on when ``train`` returns (or raises), like the
+        multipliers; :attr:`TrainResult.device` says where it trained. Tensor data are copied to the device
+        once (where they fit) rather than one minibatch at a time.
     :param int seed: seeds torch, numpy and Python; runs are reproducible. A whole number in ``[0, 2**64)``.
     :param test_data: optional ``(x_test, y_test)``; the test error is recorded each epoch.
     :param checkpoint: path of a checkpoint written at the end of every epoch; with ``resume=True``
@@ -199,7 +204,24 @@ def _train(arguments):
     if arguments["compile"] and ddp.enabled:
         raise ValueError("compile=True is not supported with data-parallel training; leave compile off under torchrun")
     seed_everything(ddp.seed(arguments["seed"]))  # the gate seed differs between ranks: each draws its own gates
-    model.to(ddp.device)
+    home = next((p.device for p in model.parameters()), None)
+    try:
+        model.to(ddp.device)
+        run = _fit(model, x, y, arguments, ddp)
+    finally:
+        ddp.close()
+        if home is not None:  # the model goes back where it came from, also on an error
+            model.to(home)
+    multipliers = run.objective.multipliers()
+    if multipliers is not None and home is not None:
+        multipliers = multipliers.to(home)
+    history = run.history if ddp.is_main else []
+    return TrainResult(model=model, history=history, multipliers=multipliers, device=ddp.device)
+
+
+def _fit(model, x, y, arguments, ddp):
+    """Build the run of ``train``'s ``arguments`` on ``ddp.device`` (the model is there), resume it if asked,
+    and train it; returns the :class:`~l0bayes.inference.loop.Run`."""
     run, settings = _build_run(model, x, y, arguments, ddp)
     subset = run.batches.record_subset()  # the full record's fixed training examples
     if not torch.is_tensor(x):  # batches of an iterable: the first ones are checked like tensors in memory
@@ -210,11 +232,7 @@ def _train(arguments):
     run.callbacks.setup(run)
     if arguments["resume"]:
         _restore(run, checkpointing, arguments)
-    try:
-        fit(run)
-    finally:
-        ddp.close()
-    return TrainResult(model=model, history=run.history if ddp.is_main else [], multipliers=run.objective.multipliers())
+    return fit(run)
 
 
 def _test_data(model, test_data):

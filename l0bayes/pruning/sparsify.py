@@ -175,8 +175,18 @@ def _followers(model, convs, example_inputs):
     return links
 
 
+def _on_device_of(module, inputs):
+    """``inputs`` (a tuple) on the device of ``module``'s parameters: example inputs are kept as given, often on
+    the CPU, while the model may have moved to an accelerator since."""
+    device = next((p.device for p in module.parameters()), None)
+    if device is None:
+        return tuple(inputs)
+    return tuple(t.to(device) if torch.is_tensor(t) else t for t in inputs)
+
+
 def _probe_forward(module, inputs, handles):
-    """One ``eval()``, no-grad forward of ``module`` on ``inputs`` (a tuple) for the hooks behind ``handles``.
+    """One ``eval()``, no-grad forward of ``module`` on ``inputs`` (a tuple, moved to the module's device) for
+    the hooks behind ``handles``.
 
     The hooks are removed and every submodule's training flag restored afterwards, even when the forward raises.
     """
@@ -184,7 +194,7 @@ def _probe_forward(module, inputs, handles):
     try:
         module.eval()
         with torch.no_grad():
-            module(*inputs)
+            module(*_on_device_of(module, inputs))
     finally:
         for h in handles:
             h.remove()

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..sparsify import _as_tuple, _remove_hooks
+from ..sparsify import _as_tuple, _on_device_of, _remove_hooks
 from .attach import is_transformer_gated
 from .attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
 from .blocks import _attentions, _set
@@ -190,7 +190,7 @@ def _flat(output):
 def _check_equal(model, plain, example_inputs):
     probe = tuple(
         t.repeat(2, *([1] * (t.dim() - 1))).double() if t.is_floating_point() else t.repeat(2, *([1] * (t.dim() - 1)))
-        for t in example_inputs
+        for t in _on_device_of(model, example_inputs)
     )
     gated64 = copy.deepcopy(model).double().eval()
     plain64 = copy.deepcopy(plain).double().eval()
