@@ -74,6 +74,7 @@ import numpy as np
 import torch
 
 from ..distributions.polya_gamma import polya_gamma_mean, sample_polya_gamma
+from .convergence import ess_mean, rank_rhat
 
 RHAT_MAX = 1.01  # Vehtari, Gelman, Simpson, Carpenter & Bürkner (2021): R-hat below 1.01
 ESS_MIN = 100  # and at least 100 effective draws for every probability that matters
@@ -422,17 +423,13 @@ def _polya_gamma_sampler(backend, device):
 
 
 def _rhat_ess(blocks_h, blocks_w, pip, select):
-    """ArviZ's R-hat and the MCSE of the ratio estimate for the features in ``select`` (block sums in)."""
-    from .._optional import import_arviz
-
-    az = import_arviz()
+    """Rank R-hat and the MCSE of the ratio estimate for the features in ``select`` (block sums in), as ArviZ
+    computes them, for all the features at once (:mod:`l0bayes.inference.convergence`)."""
     wbar = blocks_w.mean()
     h = blocks_h[:, :, select] / wbar  # (C, B, k)
     v = (blocks_h[:, :, select] - pip[select][None, None] * blocks_w[:, :, None]) / wbar
-    ds_h = az.convert_to_dataset({"h": h})
-    ds_v = az.convert_to_dataset({"v": v})
-    rhat = np.asarray(az.rhat(ds_h)["h"].values, dtype=np.float64)
-    ess = np.asarray(az.ess(ds_v, method="mean")["v"].values, dtype=np.float64)
+    rhat = rank_rhat(h)
+    ess = ess_mean(v)
     # standard error of the mean of v per block, over the total number of blocks
     num = h.shape[0] * h.shape[1]
     sd = v.reshape(num, -1).std(0, ddof=1)
