@@ -79,6 +79,9 @@ from .convergence import ess_mean, rank_rhat
 RHAT_MAX = 1.01  # Vehtari, Gelman, Simpson, Carpenter & Bürkner (2021): R-hat below 1.01
 ESS_MIN = 100  # and at least 100 effective draws for every probability that matters
 RELEVANT = 0.01  # the probabilities that matter for the mixing verdict
+# Gaussian: up to this many features the whole Gram matrix X^T X is computed at the start (128 MiB in float64 at
+# 4096); above it, its columns as the chains first need them
+FULL_GRAM_MAX = 4096
 MAX_BLOCKS = 256  # blocks kept per chain (pairs merge when full)
 MAX_STATES = 1000  # thinned states kept per chain (at least this many, fewer than twice)
 
@@ -224,10 +227,18 @@ class _State:
         self.cache = x.new_zeros(self.p, 0)
         self.cached = 0
         self.capacity = capacity
+        self.full_gram = omega is None and self.p <= FULL_GRAM_MAX
+        if self.full_gram:
+            # the whole Gram matrix in one product: cheaper than the many small ones of a chain that roams
+            self.cache = x.T @ x
+            self.cache_index[: self.p] = torch.arange(self.p, device=self.device)
+            self.cached = self.p
 
     # -- Gram columns X^T W x_j (rows: the p features)
     def gram_columns(self, chains, cols):
         """``(len(chains), p)``: :math:`X^\top W_c x_{j}` for each pair (chain, column)."""
+        if self.full_gram:  # symmetric: row j is column j, and a row is contiguous
+            return self.cache[cols] * self.noise_precision[chains, None]
         if self.omega is None:
             where = self.cache_index[cols]
             if bool((where < 0).any()):

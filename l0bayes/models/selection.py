@@ -26,9 +26,10 @@ guide of the docs has the numbers):
    from the fit: 4 chains x 1,250 steps, as many weighted draws as millipede's default run, at most
    ``time_budget`` seconds. Where the check failed its Rao-Blackwellised probabilities, with
    R-hat, ESS and a Monte Carlo standard error each, are returned (``result.method == "mcmc"``);
-   where it passed they test it: :math:`\hat k` only sees what the fit proposes, and a sampler
-   that moves a probability by more than 0.2 (plus twice its Monte Carlo error) has found mass the
-   fit missed, so its answer is returned instead. No probability above 0.9 is returned without a
+   where it passed a short run (4 chains x 250 steps after 100 of warm-up) tests it: :math:`\hat k`
+   only sees what the fit proposes, and a sampler that moves a probability by more than 0.2 (plus
+   twice its Monte Carlo error) has found mass the fit missed, so the full run's answer is returned
+   instead. No probability above 0.9 is returned without a
    passed check or a mixed chain: such a probability is returned as 0.9 (``result.capped``).
 
 Bernoulli family: the mean-field hard concrete model
@@ -710,11 +711,11 @@ def select_variables(
         tempered Gibbs sampling of the exact posterior
         (:func:`~l0bayes.inference.tempered_gibbs.tempered_gibbs`) started from the fit, 4 chains x 1,250
         steps (5,000 weighted draws). Where the check fails (Pareto :math:`\hat k > 0.7`) the answer is the
-        sampler's; where it passes, the reweighted fit stands if no probability differs from the sampler's by
-        more than 0.2 plus twice its Monte Carlo error (``details["verified"]``), else the sampler's answer
-        is returned (``details["check_contradicted"]``): :math:`\hat k` cannot see a mode the fit never
-        proposes. ``"mcmc"``: the sampler until it mixes or ``time_budget`` ends. ``"variational"``: no
-        sampler.
+        sampler's; where it passes, a short run (4 chains x 250 steps) tests it: the reweighted fit stands if
+        no probability differs from the short run's by more than 0.2 plus twice its Monte Carlo error
+        (``details["verified"]``), else the full run's answer is returned (``details["check_contradicted"]``):
+        :math:`\hat k` cannot see a mode the fit never proposes. ``"mcmc"``: the sampler until it mixes or
+        ``time_budget`` ends. ``"variational"``: no sampler.
     :param time_budget: at most this many seconds for the sampler (default 15); it stops earlier once
         every probability of at least 0.01 has R-hat <= 1.01 and ESS >= 100, or (``"auto"``) after its
         steps.
