@@ -101,6 +101,21 @@ def test_gaussian_sampler_matches_enumeration(correlated_gaussian, kernel):
     np.testing.assert_allclose(run.coef_mean, exact.coef_mean, atol=0.03)
 
 
+def test_gram_columns_as_needed_give_the_whole_gram_matrix_answer(correlated_gaussian, monkeypatch):
+    """Above FULL_GRAM_MAX features the Gram columns are computed as the chains first need them: the same
+    chains (the same random stream, the same decisions), up to rounding."""
+    import l0bayes.inference.tempered_gibbs as tg
+
+    x, y, exact = correlated_gaussian
+    runs = []
+    for limit in (tg.FULL_GRAM_MAX, 0):
+        monkeypatch.setattr(tg, "FULL_GRAM_MAX", limit)
+        args = (torch.tensor(x), torch.tensor(y), 0.2, 0.5, 1.0)
+        runs.append(tempered_gibbs(*args, min_steps=300, max_steps=300, generator=torch.Generator().manual_seed(3)))
+    np.testing.assert_allclose(runs[0].inclusion, runs[1].inclusion, rtol=1e-9, atol=1e-12)
+    assert np.abs(runs[0].inclusion - exact.inclusion).max() < 0.2
+
+
 def test_gaussian_sampler_with_unknown_noise_matches_enumeration():
     """sigma sampled under p(sigma^2) = 1/sigma^2: against enumeration with sigma^2 integrated out on a grid."""
     from l0bayes.analysis.exact import log_marginal_likelihood
