@@ -79,9 +79,11 @@ from .convergence import ess_mean, rank_rhat
 RHAT_MAX = 1.01  # Vehtari, Gelman, Simpson, Carpenter & Bürkner (2021): R-hat below 1.01
 ESS_MIN = 100  # and at least 100 effective draws for every probability that matters
 RELEVANT = 0.01  # the probabilities that matter for the mixing verdict
-# Gaussian: up to this many features the whole Gram matrix X^T X is computed at the start (128 MiB in float64 at
-# 4096); above it, its columns as the chains first need them
+# Gaussian: the whole Gram matrix X^T X is computed at the start when it has at most FULL_GRAM_MAX columns (128
+# MiB in float64) and costs at most FULL_GRAM_FLOPS multiply-adds (about a second of one core); else its columns
+# as the chains first need them
 FULL_GRAM_MAX = 4096
+FULL_GRAM_FLOPS = 2e10
 MAX_BLOCKS = 256  # blocks kept per chain (pairs merge when full)
 MAX_STATES = 1000  # thinned states kept per chain (at least this many, fewer than twice)
 
@@ -227,7 +229,7 @@ class _State:
         self.cache = x.new_zeros(self.p, 0)
         self.cached = 0
         self.capacity = capacity
-        self.full_gram = omega is None and self.p <= FULL_GRAM_MAX
+        self.full_gram = omega is None and self.p <= FULL_GRAM_MAX and self.n * self.p**2 <= FULL_GRAM_FLOPS
         if self.full_gram:
             # the whole Gram matrix in one product: cheaper than the many small ones of a chain that roams
             self.cache = x.T @ x

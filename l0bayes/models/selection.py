@@ -632,12 +632,12 @@ def _refine(fit, xs, y, family, opts, time_budget, noise_given, warmup=500):
 
 
 def _verify(fit, xs, y, family, opts, budget, noise_given):
-    r"""A passed check, tested by the sampler started from the fit.
+    r"""A passed check, tested by a short run of the sampler started from the fit.
 
     Pareto :math:`\hat k` only sees the states the fit proposes: a fit that misses a mode entirely can pass it.
     The sampler, started from the fit, finds such a mode. Where every probability of the checked fit lies within
-    :data:`AGREE` (plus twice its Monte Carlo error) of the sampler's, the checked fit stands; else the sampler's
-    answer is returned.
+    :data:`AGREE` (plus twice its Monte Carlo error) of the short run's (:data:`VERIFY_STEPS` steps per chain),
+    the checked fit stands; else the answer of a full run is returned.
     """
     short = {**opts, "mcmc_steps": min(opts["mcmc_steps"], VERIFY_STEPS)}
     run = _refine(fit, xs, y, family, short, budget, noise_given, warmup=VERIFY_WARMUP)
