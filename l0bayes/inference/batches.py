@@ -127,7 +127,7 @@ def _resident(x, y, device):
         return x, y
     try:
         return x.to(device), y.to(device)
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError from torch 2.5 on)
         return x, y
 
 
