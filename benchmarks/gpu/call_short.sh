@@ -28,17 +28,7 @@ PYT=(python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -r
   echo "pytest -m 'not gpu' exit status $?" >>"$OUT/tests.log"
 ) &
 TESTS_PID=$!
-{
-  rm -rf runs/gpu-ddp && mkdir -p runs/gpu-ddp
-  say "torchrun, 1 process: l0bayes fit (1 epoch), then --resume to 2 epochs"
-  fit=(-m l0bayes fit --model mlp --data fashion-mnist --data-dir "$FMNIST" --batch-size 100 --lr 1e-3 --device cuda --out runs/gpu-ddp/cli --no-progress --threads 1)
-  timeout 100 torchrun --standalone --nproc_per_node=1 "${fit[@]}" --epochs 1 | tail -12
-  timeout 100 torchrun --standalone --nproc_per_node=1 "${fit[@]}" --epochs 2 --resume | tail -12
-  say "torchrun, 1 process: train() with checkpoint and resume, and a DDP step in a one-rank nccl group"
-  timeout 100 torchrun --standalone --nproc_per_node=1 benchmarks/gpu/ddp_cuda.py --ddp-step --data-dir "$FMNIST" --out runs/gpu-ddp/one
-  say "torchrun, 2 ranks on the one GPU (gloo): train() with checkpoint and resume"
-  timeout 120 torchrun --standalone --nproc_per_node=2 benchmarks/gpu/ddp_cuda.py --backend gloo --data-dir "$FMNIST" --out runs/gpu-ddp/two
-} >"$OUT/ddp.log" 2>&1
+ddp_checks 100 120 >"$OUT/ddp.log" 2>&1
 grep -h "DDP_RESULT\|Error\|error" "$OUT/ddp.log" | head -20 | tee -a "$MD"
 wait "$TESTS_PID"
 {

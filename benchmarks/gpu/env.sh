@@ -42,3 +42,17 @@ mps_stop() {
   [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control 2>/dev/null
   true
 }
+# Data-parallel training on CUDA (calls 1 and short): the CLI under torchrun (one process: fit, then --resume),
+# train() under torchrun with checkpoint and resume (1 process with a one-rank nccl DDP step; then 2 ranks with
+# gloo on the one GPU). $1: seconds each one-process command may take, $2: the two-rank one. Writes to stdout.
+ddp_checks() {
+  rm -rf runs/gpu-ddp && mkdir -p runs/gpu-ddp
+  say "torchrun, 1 process: l0bayes fit (1 epoch), then --resume to 2 epochs"
+  local fit=(-m l0bayes fit --model mlp --data fashion-mnist --data-dir "$FMNIST" --batch-size 100 --lr 1e-3 --device cuda --out runs/gpu-ddp/cli --no-progress --threads 1)
+  timeout "$1" torchrun --standalone --nproc_per_node=1 "${fit[@]}" --epochs 1 | tail -12
+  timeout "$1" torchrun --standalone --nproc_per_node=1 "${fit[@]}" --epochs 2 --resume | tail -12
+  say "torchrun, 1 process: train() with checkpoint and resume, and a DDP step in a one-rank nccl group"
+  timeout "$1" torchrun --standalone --nproc_per_node=1 benchmarks/gpu/ddp_cuda.py --ddp-step --data-dir "$FMNIST" --out runs/gpu-ddp/one
+  say "torchrun, 2 ranks on the one GPU (gloo): train() with checkpoint and resume"
+  timeout "$2" torchrun --standalone --nproc_per_node=2 benchmarks/gpu/ddp_cuda.py --backend gloo --data-dir "$FMNIST" --out runs/gpu-ddp/two
+}
