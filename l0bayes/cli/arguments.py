@@ -248,6 +248,14 @@ def build_parser():
         "given); see docs/guide/training.md",
     )
     g.add_argument(
+        "--cuda-graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="on CUDA, replay each training step's forward, loss and backward as CUDA graphs (mlp and lenet5): "
+        "two launches instead of dozens of small kernels (default: off; --resume keeps the run's setting unless "
+        "given); see docs/guide/training.md",
+    )
+    g.add_argument(
         "--threads",
         type=_positive_int,
         default=None,

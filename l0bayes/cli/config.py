@@ -35,13 +35,14 @@ DEFAULTS = {
     "val_fraction": None,
     "device": "auto",
     "compile": False,
+    "cuda_graph": False,
     "threads": None,
     "out": None,
     "progress": True,
     "tensorboard": None,
 }
 # What --resume may change; everything else must match the run being resumed.
-RESUMABLE = {"epochs", "device", "compile", "threads", "out", "progress", "tensorboard"}
+RESUMABLE = {"epochs", "device", "compile", "cuda_graph", "threads", "out", "progress", "tensorboard"}
 
 
 def _fill_defaults(cfg):
@@ -101,6 +102,8 @@ def _check(cfg):
             raise CLIError("--lam is the code cost of the point slab; the Gaussian slab pays its KL instead")
         if cfg["compile"]:
             raise CLIError(f"--compile only applies to the networks (mlp, lenet5), not {model}: it trains through Pyro")
+        if cfg.get("cuda_graph"):
+            raise CLIError(f"--cuda-graph only applies to the networks (mlp, lenet5), not {model} (it uses Pyro)")
     else:
         if cfg["slab"] != "point":
             raise CLIError(f"--slab only applies to --model linear or logistic, not {model}")
@@ -153,8 +156,9 @@ def _check_values(cfg):
             raise CLIError(f"{key} must be a number, got {cfg[key]!r}")
     if not cfg["lr"] > 0 or cfg["lr"] == float("inf"):
         raise CLIError(f"lr must be a positive number, got {cfg['lr']!r}")
-    if not isinstance(cfg.get("compile", False), bool):
-        raise CLIError(f"compile must be true or false, got {cfg['compile']!r}")
+    for key in ("compile", "cuda_graph"):
+        if not isinstance(cfg.get(key, False), bool):
+            raise CLIError(f"{key} must be true or false, got {cfg[key]!r}")
     if not isinstance(cfg["out"], (str, type(None))):
         raise CLIError(f"out must be a path, got {cfg['out']!r}")
 
@@ -183,13 +187,26 @@ def resolve_config(args):
                 f"--resume may only change {', '.join('--' + k for k in sorted(RESUMABLE))}"
             )
         cfg.update(given)
+        _check_graph_device(cfg)
         return cfg
     cfg = {**DEFAULTS, **given}
     _fill_defaults(cfg)
     _check(cfg)
+    _check_graph_device(cfg)
     if cfg["out"] is None:
         cfg["out"] = _default_out()
     return cfg
+
+
+def _check_graph_device(cfg):
+    """``--cuda-graph`` needs CUDA: say so before anything is written."""
+    if not cfg.get("cuda_graph"):
+        return
+    from ..inference.device import resolve_device
+
+    device = resolve_device(cfg["device"])
+    if device.type != "cuda":
+        raise CLIError(f"--cuda-graph captures CUDA graphs: it needs a CUDA device, and this run trains on {device}")
 
 
 def _default_out():

@@ -117,6 +117,7 @@ def _train(cfg, run, model, data, targets, resume, main_process):
             log_alpha_range=cfg["log_alpha_range"],
             ema_decay=cfg["ema"],
             compile=cfg.get("compile", False),
+            cuda_graph=cfg.get("cuda_graph", False),
             threads=None,  # the count of fit()'s thread_policy
             callbacks=_callbacks(cfg, main_process),
         )

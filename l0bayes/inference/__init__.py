@@ -7,6 +7,7 @@ from .device import resolve_device
 from .distributed import DistributedConfig, DistributedError, is_main_process
 from .errors import NonFiniteLossError
 from .free_energy import FreeEnergy, free_energy
+from .graphed import GraphedStep
 from .loop import Run, fit
 from .objectives import BayesObjective, ConstrainedObjective, Objective, PenalizedObjective, constrained_summary
 from .optimizers import parameter_groups
@@ -27,6 +28,7 @@ __all__ = [
     "DistributedConfig",
     "DistributedError",
     "FreeEnergy",
+    "GraphedStep",
     "NonFiniteLossError",
     "ParameterAverage",
     "TrainResult",

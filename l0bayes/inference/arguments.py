@@ -7,6 +7,7 @@ import torch
 from .._checks import check_seed
 from ..threads import choose_threads
 from .compiled import requirement_error
+from .graphed import requirement_error as graph_requirement_error
 
 __all__ = ["OBJECTIVES", "check_arguments"]
 
@@ -123,6 +124,16 @@ _ARGUMENT_RULES = (
         lambda a: a["compile"] is True and a["objective"] in OBJECTIVES,
         lambda a: requirement_error(a["model"], a["objective"]) is None,
         lambda a: requirement_error(a["model"], a["objective"]),
+    ),
+    (
+        lambda a: True,
+        lambda a: isinstance(a["cuda_graph"], bool),
+        "cuda_graph must be True or False, got {cuda_graph!r}",
+    ),
+    (
+        lambda a: a["cuda_graph"] is True and a["objective"] in OBJECTIVES,
+        lambda a: graph_requirement_error(a["model"], a["objective"]) is None,
+        lambda a: graph_requirement_error(a["model"], a["objective"]),
     ),
     (
         lambda a: True,

@@ -295,10 +295,11 @@ class ConstrainedObjective(Objective):
         if self.fixed is not None:
             self._project()
             return
+        # In place: a step captured as a CUDA graph (l0bayes.inference.graphed) reads this very tensor.
         violation = violation.to(self.mu.dtype)
-        self.mu = (self.mu + self.multiplier_lr * violation).clamp_(min=0.0)
+        self.mu.add_(violation, alpha=self.multiplier_lr).clamp_(min=0.0)
         if self.dual_restarts:
-            self.mu = torch.where(violation <= 0, torch.zeros_like(self.mu), self.mu)
+            self.mu.masked_fill_(violation <= 0, 0.0)
 
     # ------------------------------------------------------------------ phase 2
     def final_phase_start(self, epochs):
@@ -388,8 +389,16 @@ class ConstrainedObjective(Objective):
             gate.log_alpha.copy_(value.masked_fill_(keep.to(value.device), self.fixed_log_alpha))
 
     # ------------------------------------------------------------------ record and state
+    @torch.no_grad()
+    def set_multipliers(self, values):
+        """Set the multipliers in place (a captured step keeps reading the same tensor)."""
+        values = torch.as_tensor(values)
+        if values.shape != self.mu.shape:
+            raise ValueError(f"the checkpoint has {values.numel()} multipliers, this run {self.mu.numel()}")
+        self.mu.copy_(values)
+
     def multipliers(self):
-        return self.mu
+        return self.mu.clone()
 
     def record(self):
         with torch.no_grad():
@@ -440,7 +449,7 @@ class ConstrainedObjective(Objective):
                 f"(per_layer={bool(state['per_layer'])}), this run asks target {_word(self.what)} "
                 f"{self.targets.tolist()} (per_layer={self.per_layer})"
             )
-        self.mu = state["mu"].to(self.mu.device)
+        self.set_multipliers(state["mu"])
         self.fixed = None if state["fixed"] is None else [m.to(self.mu.device) for m in state["fixed"]]
         self.fixed_at = state.get("fixed_at")  # (absent from checkpoints of earlier versions)
         self.forced = bool(state.get("forced", False))

@@ -31,6 +31,7 @@ from .data_checks import check_data
 from .device import resolve_device
 from .distributed import DataParallelContext, seed_everything
 from .errors import NonFiniteLossError
+from .graphed import GraphedStep
 from .loop import ACCELERATOR_CHECK_EVERY, FiniteCheck, Run, fit
 from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, RANK, WAIT, make_objective
 from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr
@@ -80,6 +81,7 @@ def train(
     optimizer=None,
     scheduler=None,
     compile=False,
+    cuda_graph=False,
     callbacks=(),
     num_data=None,
     threads="auto",
@@ -169,6 +171,13 @@ def train(
         steps pay the compilation (seconds to tens of seconds), conditional computation is off, and the
         values agree with the eager step up to rounding; see ``docs/guide/training.md``, "Compiling the
         training step".
+    :param bool cuda_graph: on a CUDA device, capture each training step's forward, loss and backward as CUDA
+        graphs at the first step and replay them (:class:`~l0bayes.inference.graphed.GraphedStep`): two launches
+        instead of dozens of small kernels, for models with the fused losses, not with ``distributed``; with
+        ``compile`` the compiled step is captured. The optimiser, the objective's update and the callbacks run
+        as usual; a minibatch of another shape (a smaller last one) runs eagerly; gate noise follows the
+        seed and a checkpoint as without graphs. A step that cannot be captured runs eagerly after a warning.
+        See ``docs/guide/training.md``, "On a GPU".
     :param threads: torch's intra-op thread count during the call (:func:`~l0bayes.threads.thread_policy`; the
         caller's count is restored after, also on an error). ``"auto"`` (default): one thread, unless
         ``OMP_NUM_THREADS`` is set or an enclosing ``thread_policy`` chose (then that count): torch's default,
@@ -203,6 +212,9 @@ def _train(arguments):
     ddp = DataParallelContext(distributed, device)
     if arguments["compile"] and ddp.enabled:
         raise ValueError("compile=True is not supported with data-parallel training; leave compile off under torchrun")
+    if arguments["cuda_graph"] and (ddp.enabled or ddp.device.type != "cuda"):
+        where = "with data-parallel training" if ddp.enabled else f"on {ddp.device}"
+        raise ValueError(f"cuda_graph=True captures CUDA graphs: it needs a CUDA device and one process, not {where}")
     seed_everything(ddp.seed(arguments["seed"]))  # the gate seed differs between ranks: each draws its own gates
     home = next((p.device for p in model.parameters()), None)
     try:
@@ -267,7 +279,10 @@ def _build_run(model, x, y, a, ddp):
     objective = make_objective(a["objective"], model, batches.num_data, multiplier_lr=multiplier_lr, **constrained)
     # A host read of the objective every step stalls an accelerator: there the flag is read every so often.
     finite = FiniteCheck(1 if ddp.device.type == "cpu" else ACCELERATOR_CHECK_EVERY)
-    step = _step(ddp.wrap(model), CompiledStep(objective) if a["compile"] else objective.step, ddp, finite)
+    step_function = CompiledStep(objective) if a["compile"] else objective.step
+    if a["cuda_graph"]:
+        step_function = GraphedStep(objective, step_function)
+    step = _step(ddp.wrap(model), step_function, ddp, finite)
     run = Run(model, optimizer, objective, batches, step, int(a["epochs"]), batches.num_data, ddp.device)
     run.finite = finite
     run.steps_per_epoch, run.is_main, run.schedule = batches.steps_per_epoch, ddp.is_main, schedule

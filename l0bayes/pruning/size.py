@@ -102,7 +102,7 @@ class _Side:
     def alive(self, values, like):
         """Expected (or, with 0/1 gate values, exact) number of alive units: a 0-d tensor."""
         if not self.factors:
-            return like.new_tensor(float(self.n))
+            return like.new_full((), float(self.n))  # a fill kernel: no host copy (CUDA graphs)
         vector = torch.ones(self.n, dtype=like.dtype, device=like.device)
         for f in self.factors:
             vector = f.apply(vector, values)
@@ -241,7 +241,7 @@ class NetworkSize:
         sides = self.sides.get(id(module), {})
         if side not in sides:
             n = in_units(module) if side == "in" else _out_units(module)
-            return like.new_tensor(float(n))
+            return like.new_full((), float(n))
         count = sides[side].alive(values, like)
         return count.clamp(min=1.0) if exact else count  # prune() keeps at least one unit
 
@@ -252,7 +252,7 @@ class NetworkSize:
     def _module_parameters(self, module, values, like, exact):
         own = self._own_parameters(module)
         if id(module) not in self.sides:
-            return like.new_tensor(float(sum(p.numel() for p in own)))
+            return like.new_full((), float(sum(p.numel() for p in own)))
         n_out, n_in = _out_units(module), (in_units(module) if isinstance(module, WEIGHT) else 1)
         alive_out = self._alive(module, "out", values, like, exact)
         alive_in = self._alive(module, "in", values, like, exact) if isinstance(module, WEIGHT) else None

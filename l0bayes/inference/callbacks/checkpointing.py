@@ -82,7 +82,7 @@ class Checkpointing(Callback):
         if "objective_state" in state:
             run.objective.load_state_dict(state["objective_state"])
         elif run.objective.name == "constrained":  # a checkpoint written before objects held their state
-            run.objective.mu = state["multipliers"].to(next(run.model.parameters()).device)
+            run.objective.set_multipliers(state["multipliers"])
         callbacks = dict(state.get("callbacks", {}))
         callbacks.update({k: state[k] for k in TOP_LEVEL if k in state})
         for cb in run.callbacks:
