@@ -109,11 +109,14 @@ def command(run, seed, args, out):
     if run in PAPER_RUNS or run == "lenet5-noema":
         name = "lenet5" if run == "lenet5-noema" else run
         extra = ["--ema", "0"] if run == "lenet5-noema" else []
-        return [py, "experiments/paper.py", "--runs", name, *common, *data, *extra, "--out", out]
+        graph = ["--cuda-graph"] if args.cuda_graph else []
+        return [py, "experiments/paper.py", "--runs", name, *common, *data, *extra, *graph, "--out", out]
     model, target = CONSTRAINED[run]
     cmd = [py, "-m", "l0bayes", "fit", "--model", model, "--objective", "constrained", "--target-density", str(target)]
     cmd += ["--data", "fashion-mnist", *data, "--batch-size", "100", "--lr", "1e-3", *common]
     cmd += ["--ema", "0.999", "--init", "he", "--log-alpha-range", "paper", "--out", out, "--no-progress"]
+    if args.cuda_graph:
+        cmd.append("--cuda-graph")
     if os.path.isfile(os.path.join(out, "checkpoint.pt")):
         cmd.append("--resume")
     elif os.path.isdir(out) and os.listdir(out):
@@ -212,6 +215,7 @@ def main(argv=None):
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to try the script")
     parser.add_argument("--root", default="runs/gpu-paper")
+    parser.add_argument("--cuda-graph", action="store_true", help="every job replays its steps as CUDA graphs")
     args = parser.parse_args(argv)
     args.root = os.path.abspath(args.root)
     if args.data_dir:
