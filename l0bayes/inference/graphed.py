@@ -18,10 +18,9 @@ What a graph changes (``docs/guide/training.md``, "On a GPU"):
   restored;
 * the step may not read anything back to the host, which the fused losses of the networks in
   :mod:`l0bayes.models` do not on CUDA (conditional computation is off there); a step that cannot be
-  captured runs eagerly after a one-line warning saying why.
+  captured is a ``RuntimeError`` saying why (a failed capture leaves CUDA's generator unusable for the
+  process, so there is no eager fallback).
 """
-
-import warnings
 
 import torch
 
@@ -64,8 +63,7 @@ class GraphedStep:
     :param int warmup: eager iterations before the capture (:func:`torch.cuda.make_graphed_callables`).
     :raises ValueError: when the objective would go through Pyro's traces.
 
-    :ivar graphed: ``True`` once captured, ``False`` when the capture failed (the step then runs eagerly),
-        ``None`` before the first call.
+    :ivar graphed: ``True`` once captured, ``False`` when the capture failed, ``None`` before the first call.
     """
 
     def __init__(self, objective, step=None, warmup=3):
@@ -98,20 +96,20 @@ class GraphedStep:
         buffers = [(b, b.clone()) for b in model.buffers()]
         try:
             with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
-                # One eager step first, to know the outputs (and fill the caches of constants the step reads).
-                _, _, statistics = self._eager(x, y)
-                self._with_statistics = statistics is not None
+                # One step first, to know the outputs (and fill the caches of constants the step reads), without
+                # gradients: an autograd graph alive during the capture would tie the parameters' gradient
+                # accumulation to this stream, and the capture's backward would wait on it (which breaks it).
+                with torch.no_grad():
+                    self._with_statistics = self._eager(x, y)[2] is not None
                 self._module = capture(module, (x, y), self.warmup)
-        except Exception as err:  # e.g. a read back to the host inside the step: train on, eagerly
+        except Exception as err:  # e.g. a read back to the host inside the step
             self.graphed = False
             self._module = None
             reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
-            warnings.warn(
-                f"cuda_graph: the training step could not be captured as a CUDA graph ({reason}); "
-                "it runs eagerly instead",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            raise RuntimeError(
+                f"cuda_graph=True: the training step could not be captured as a CUDA graph ({reason}); "
+                "train without cuda_graph"
+            ) from err
         else:
             self.graphed = True
             self._signature = self._signature_of(x, y)

@@ -176,7 +176,7 @@ def train(
         instead of dozens of small kernels, for models with the fused losses, not with ``distributed``; with
         ``compile`` the compiled step is captured. The optimiser, the objective's update and the callbacks run
         as usual; a minibatch of another shape (a smaller last one) runs eagerly; gate noise follows the
-        seed and a checkpoint as without graphs. A step that cannot be captured runs eagerly after a warning.
+        seed and a checkpoint as without graphs. A step that cannot be captured is a ``RuntimeError``.
         See ``docs/guide/training.md``, "On a GPU".
     :param threads: torch's intra-op thread count during the call (:func:`~l0bayes.threads.thread_policy`; the
         caller's count is restored after, also on an error). ``"auto"`` (default): one thread, unless
