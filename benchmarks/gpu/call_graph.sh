@@ -16,7 +16,7 @@ MD=$OUT/call_graph.md
 } 2>&1 | tee "$MD"
 # 1. The graphed step against the eager one, and train(cuda_graph=True) with resume, on CUDA.
 say "pytest tests/test_graphed.py -m gpu" | tee -a "$MD"
-timeout -s INT -k 5 "$(cap 50 300)" python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/test_graphed.py \
+timeout -s INT -k 5 "$(cap 50 120)" python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/test_graphed.py \
   >"$OUT/tests.log" 2>&1
 echo "exit status $?" >>"$OUT/tests.log"
 grep -E "passed|failed|^(FAILED|ERROR)|exit status" "$OUT/tests.log" | tail -12 | tee -a "$MD"

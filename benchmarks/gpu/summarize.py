@@ -210,7 +210,7 @@ def figure(jobs, path):
             for r in rec["history"]:
                 per_epoch.setdefault(r["epoch"], []).append(r)
         epochs = sorted(per_epoch)
-        style = {"color": f"C{k % 10}", "linestyle": "--" if "dense" in run else "-", "label": run}
+        style = {"color": plt.cm.tab20(k % 20), "linestyle": "--" if "dense" in run else "-", "label": run}
         err = [statistics.mean(r["test_error"] for r in per_epoch[e] if r.get("test_error") is not None) for e in epochs
                if any(r.get("test_error") is not None for r in per_epoch[e])]  # fmt: skip
         axes[0].plot(epochs[: len(err)], [100 * v for v in err], **style)
