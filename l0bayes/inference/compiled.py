@@ -16,7 +16,6 @@ What changes inside the compiled region (``docs/guide/training.md``, "Compiling 
 """
 
 import torch
-import torch._dynamo
 
 __all__ = ["RECOMPILE_LIMIT", "CompiledStep", "requirement_error"]
 
@@ -70,6 +69,8 @@ class CompiledStep:
         if shape in self._shapes:
             return self._compiled(x, y)
         # A new shape, or this model's first call, may compile a graph: allow for the graphs of other models.
+        import torch._dynamo  # here, not at import: it takes seconds, and only a compiled step needs it
+
         limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
         with torch._dynamo.config.patch(recompile_limit=limit):
             out = self._compiled(x, y)

@@ -250,7 +250,7 @@ class _State:
                     grown = self.cache.new_zeros(self.p, max(2 * self.cache.shape[1], end, 64))
                     grown[:, :start] = self.cache[:, :start]
                     self.cache = grown
-                self.cache[:, start:end] = self.xa[:, : self.p].T @ self.xa[:, missing]
+                self.cache[:, start:end] = _t_matmul(self.xa[:, missing], self.xa[:, : self.p])
                 self.cache_index[missing] = torch.arange(start, end, device=self.device)
                 self.cached = end
                 where = self.cache_index[cols]
@@ -307,8 +307,9 @@ class _State:
             else:
                 xs = self.xa[:, cols]
                 w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
-                a_used = xs.T @ (w * xs)
-                gram = self.xa[:, : self.p].T @ (w * xs)
+                wxs = w * xs
+                a_used = xs.T @ wxs
+                gram = _t_matmul(wxs, self.xa[:, : self.p])
             a_used = a_used + torch.diag(self.slot_precision()[c, used])
             inv = torch.cholesky_inverse(torch.linalg.cholesky(a_used))
             ainv = self.xa.new_zeros(K, K)
@@ -412,6 +413,15 @@ class _State:
         self.noise_precision[c] = precision
         self.u[c] = self.u0 * precision
         self.refresh(torch.tensor([c], device=self.device))
+
+
+def _t_matmul(a, b):
+    r""":math:`b^\top a` (``(p, k)`` from ``a``: ``(n, k)``, ``b``: ``(n, p)``) as the transpose of :math:`a^\top b`.
+
+    The same numbers up to rounding; with few columns ``k`` (a model's features) the product in this order runs
+    3-5x faster on the CPU (one thread, float64, ``n = 500``, ``p = 1000``, ``k = 15``: 0.85 ms against 4.1 ms).
+    """
+    return (a.T @ b).T
 
 
 def _polya_gamma_sampler(backend, device):
