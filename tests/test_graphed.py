@@ -1,8 +1,8 @@
-"""train(cuda_graph=True) and GraphedStep: the graphed step gives the eager step's numbers and falls back clearly.
+"""train(cuda_graph=True) and GraphedStep: the graphed step gives the eager step's numbers, or a clear error.
 
 On the CPU the capture is replaced by the module itself (what the graphs replay is that module's forward and
 backward), which tests everything around the capture: the random state and buffers left as they were, the
-shape and evaluation-mode fallbacks, the outputs, the warning when a capture fails, the argument checks.
+shape and evaluation-mode fallbacks, the outputs, the error when a capture fails, the argument checks.
 The ``gpu``-marked tests capture real CUDA graphs and compare them with the eager step, number for number.
 """
 
