@@ -7,7 +7,7 @@ import torch
 from .._checks import check_seed
 from ..threads import choose_threads
 from .compiled import requirement_error
-from .graphed import requirement_error as graph_requirement_error
+from .graphed import GRAPH_REQUIREMENT
 
 __all__ = ["OBJECTIVES", "check_arguments"]
 
@@ -36,6 +36,18 @@ def _density_ok(v):
         return False
     t = torch.as_tensor(v, dtype=torch.float64)
     return t.numel() >= 1 and bool(((t > 0) & (t <= 1)).all())
+
+
+def _fused_loss_flag(name, requirement):
+    """The two rules of a flag that needs the model's fused loss (``compile``, ``cuda_graph``): a bool, and the loss."""
+    return (
+        (lambda a: True, lambda a: isinstance(a[name], bool), f"{name} must be True or False, got {{{name}!r}}"),
+        (
+            lambda a: a[name] is True and a["objective"] in OBJECTIVES,
+            lambda a: requirement_error(a["model"], a["objective"], **requirement) is None,
+            lambda a: requirement_error(a["model"], a["objective"], **requirement),
+        ),
+    )
 
 
 # Every argument check of train() in one place: (applies when, holds when, message: a template or a function of
@@ -115,26 +127,8 @@ _ARGUMENT_RULES = (
         lambda a: a["checkpoint"] is not None,
         "resume=True needs checkpoint= (the file to resume from)",
     ),
-    (
-        lambda a: True,
-        lambda a: isinstance(a["compile"], bool),
-        "compile must be True or False, got {compile!r}",
-    ),
-    (
-        lambda a: a["compile"] is True and a["objective"] in OBJECTIVES,
-        lambda a: requirement_error(a["model"], a["objective"]) is None,
-        lambda a: requirement_error(a["model"], a["objective"]),
-    ),
-    (
-        lambda a: True,
-        lambda a: isinstance(a["cuda_graph"], bool),
-        "cuda_graph must be True or False, got {cuda_graph!r}",
-    ),
-    (
-        lambda a: a["cuda_graph"] is True and a["objective"] in OBJECTIVES,
-        lambda a: graph_requirement_error(a["model"], a["objective"]) is None,
-        lambda a: graph_requirement_error(a["model"], a["objective"]),
-    ),
+    *_fused_loss_flag("compile", {}),
+    *_fused_loss_flag("cuda_graph", GRAPH_REQUIREMENT),
     (
         lambda a: True,
         lambda a: _threads_ok(a["threads"]),

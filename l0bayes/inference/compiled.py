@@ -26,14 +26,18 @@ __all__ = ["RECOMPILE_LIMIT", "CompiledStep", "requirement_error"]
 RECOMPILE_LIMIT = 64
 
 
-def requirement_error(model, objective):
-    """The message of why ``objective`` cannot be compiled for ``model``, or ``None`` when it can."""
+def requirement_error(model, objective, option="compile=True", why="which torch.compile does not capture"):
+    """Why ``option`` cannot apply to ``objective`` for ``model`` (a message), or ``None`` when it can.
+
+    ``compile=True`` and ``cuda_graph=True`` both need the model's fused loss (``bayes_loss`` for ``"bayes"``,
+    ``penalized_loss`` otherwise): the other path goes through Pyro's traces, ``why`` says what that breaks.
+    """
     needed = "bayes_loss" if objective == "bayes" else "penalized_loss"
     if hasattr(model, needed):
         return None
     return (
-        f"compile=True needs a model with the fused loss {needed} for the {objective!r} objective (e.g. "
-        f"SparseClassifier); {type(model).__name__} goes through Pyro's traces, which torch.compile does not capture"
+        f"{option} needs a model with the fused loss {needed} for the {objective!r} objective (e.g. "
+        f"SparseClassifier); {type(model).__name__} goes through Pyro's traces, {why}"
     )
 
 

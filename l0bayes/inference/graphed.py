@@ -24,18 +24,12 @@ What a graph changes (``docs/guide/training.md``, "On a GPU"):
 
 import torch
 
+from .compiled import requirement_error
+
 __all__ = ["GraphedStep", "requirement_error"]
 
-
-def requirement_error(model, objective):
-    """Why ``objective`` cannot be graphed for ``model`` (a message), or ``None`` when it can."""
-    needed = "bayes_loss" if objective == "bayes" else "penalized_loss"
-    if hasattr(model, needed):
-        return None
-    return (
-        f"cuda_graph=True needs a model with the fused loss {needed} for the {objective!r} objective (e.g. "
-        f"SparseClassifier); {type(model).__name__} goes through Pyro's traces, which read values back to the host"
-    )
+#: ``requirement_error``'s arguments for ``cuda_graph=True``.
+GRAPH_REQUIREMENT = {"option": "cuda_graph=True", "why": "which read values back to the host"}
 
 
 class _Step(torch.nn.Module):
@@ -68,7 +62,7 @@ class GraphedStep:
 
     def __init__(self, objective, step=None, warmup=3):
         if not objective.fused:
-            raise ValueError(requirement_error(objective.model, objective.name))
+            raise ValueError(requirement_error(objective.model, objective.name, **GRAPH_REQUIREMENT))
         self.objective = objective
         self._eager = objective.step if step is None else step
         self.warmup = int(warmup)
