@@ -9,12 +9,8 @@ BUDGET=${BUDGET:-520}
 source benchmarks/gpu/env.sh || exit 1
 MD=$OUT/call1.md
 {
-  say "machine"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  machine_info
   nvidia-smi -L
-  python3 -c "import torch, pyro, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'pyro', pyro.__version__, torch.cuda.get_device_name(0))"
-  echo "CPUs: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
-  echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(git status --porcelain 2>/dev/null | wc -l) changed files; date $(date -u +%F' '%H:%M) UTC"
   command -v nvidia-cuda-mps-control >/dev/null && echo "nvidia-cuda-mps-control: present" || echo "nvidia-cuda-mps-control: absent"
 } 2>&1 | tee "$MD"
 

@@ -8,12 +8,7 @@ BUDGET=${BUDGET:-560}
 BENCH_S=${BENCH_S:-75}  # kept for train_graph.py after the paper runs
 source benchmarks/gpu/env.sh || exit 1
 MD=$OUT/call_graph.md
-{
-  say "machine"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch, pyro, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'pyro', pyro.__version__, torch.cuda.get_device_name(0))"
-  echo "CPUs: $(nproc); git: $(git rev-parse --short HEAD 2>/dev/null || echo '?'); date $(date -u +%F' '%H:%M) UTC"
-} 2>&1 | tee "$MD"
+machine_info 2>&1 | tee "$MD"
 # 1. The graphed step against the eager one, and train(cuda_graph=True) with resume, on CUDA.
 say "pytest tests/test_graphed.py -m gpu" | tee -a "$MD"
 timeout -s INT -k 5 "$(cap 50 120)" python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/test_graphed.py \
@@ -22,21 +17,8 @@ echo "exit status $?" >>"$OUT/tests.log"
 grep -E "passed|failed|^(FAILED|ERROR)|exit status" "$OUT/tests.log" | tail -12 | tee -a "$MD"
 # 2. The paper's runs, every job with --cuda-graph, until BENCH_S + 55 s before the end.
 RUNS=${RUNS:-mlp lenet5 mlp-bayes lenet5-bayes mlp-sep lenet5-sep mlp-constrained lenet5-constrained lenet5-noema mlp-dense lenet5-dense}
-mps_start 2>&1 | tee -a "$MD"
-nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 15 >"$OUT/paper.gpu" 2>&1 &
-SMI=$!
-DEADLINE=$(($(left) - 55 - BENCH_S))
-say "paper_runs.py --cuda-graph --runs $RUNS --deadline $DEADLINE" | tee -a "$MD"
-python3 benchmarks/gpu/paper_runs.py ${GRAPH---cuda-graph} --runs $RUNS --deadline "$DEADLINE" --data-dir "$FMNIST" \
-  --root runs/gpu-paper --device "${DEVICE:-cuda}" --epochs "${EPOCHS:-200}" --seeds ${SEEDS:-0 1 2} >"$OUT/paper.scheduler" 2>&1
-kill "$SMI" 2>/dev/null
-mps_stop
+paper_runs graph $((55 + BENCH_S)) ${GRAPH---cuda-graph} --runs $RUNS
 {
-  say "scheduler (last lines)"
-  grep -v "^\[" "$OUT/paper.scheduler" | tail -8
-  grep "^\[" "$OUT/paper.scheduler" | tail -2
-  say "GPU utilisation and memory every 15 s"
-  cat "$OUT/paper.gpu"
   say "one graphed job's log"
   tail -5 runs/gpu-paper/mlp-s0.log 2>/dev/null
   grep -l "could not be captured" runs/gpu-paper/*.log 2>/dev/null | head
@@ -46,7 +28,6 @@ C=$(cap "$BENCH_S" 45)
 say "train_graph.py --protocol --epochs 4 (cap $C s)" | tee -a "$MD"
 timeout "$C" python3 benchmarks/gpu/train_graph.py --protocol --epochs 4 --data-dir "$FMNIST" >"$OUT/train_graph.log" 2>&1
 tail -8 "$OUT/train_graph.log" >>"$MD"
-timeout 30 python3 benchmarks/gpu/summarize.py runs/gpu-paper --epochs "${EPOCHS:-200}" --out "$OUT" >/dev/null 2>>"$MD"
-tar czf "$OUT/paper-runs-graph.tar.gz" --exclude='*.pt' -C runs gpu-paper
+paper_pack graph
 say "done ($(left) s of the budget left)" | tee -a "$MD"
 head -60 "$OUT/paper_summary.md" 2>/dev/null

@@ -8,13 +8,7 @@ set -uo pipefail
 BUDGET=${BUDGET:-560}
 source benchmarks/gpu/env.sh || exit 1
 MD=$OUT/call1.md
-{
-  say "machine"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch, pyro, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'pyro', pyro.__version__, torch.cuda.get_device_name(0))"
-  echo "CPUs: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
-  echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(git status --porcelain 2>/dev/null | wc -l) changed files; date $(date -u +%F' '%H:%M) UTC"
-} 2>&1 | tee "$MD"
+machine_info 2>&1 | tee "$MD"
 
 # 1. Tests: the gpu-marked CUDA variants first, then everything else (default and slow), on 12 workers,
 #    in the background while the torchrun checks run.

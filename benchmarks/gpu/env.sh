@@ -1,4 +1,4 @@
-# Sourced by call1.sh, call2.sh, call3.sh at the start of every device call (bash, repository root).
+# Sourced by every call script of benchmarks/gpu at the start of a device call (bash, repository root).
 # Installs the carried wheels (.whl, made here by wheels.sh), puts the carried Fashion-MNIST (.gpudata) where
 # l0bayes.data.find_fashion_mnist() looks (the commands run as root there), sets one thread per process and
 # the clock of the call. Returns non-zero (and says why) when something the call needs is missing.
@@ -55,4 +55,42 @@ ddp_checks() {
   timeout "$1" torchrun --standalone --nproc_per_node=1 benchmarks/gpu/ddp_cuda.py --ddp-step --data-dir "$FMNIST" --out runs/gpu-ddp/one
   say "torchrun, 2 ranks on the one GPU (gloo): train() with checkpoint and resume"
   timeout "$2" torchrun --standalone --nproc_per_node=2 benchmarks/gpu/ddp_cuda.py --backend gloo --data-dir "$FMNIST" --out runs/gpu-ddp/two
+}
+# The machine, for the head of a call's markdown (GPU as nvidia-smi names it, versions, CPU, commit, date).
+machine_info() {
+  say "machine"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch, pyro, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'pyro', pyro.__version__, torch.cuda.get_device_name(0))"
+  echo "CPUs: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+  echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(git status --porcelain 2>/dev/null | wc -l) changed files; date $(date -u +%F' '%H:%M) UTC"
+}
+# The paper's runs (paper_runs.py into runs/gpu-paper) until $2 seconds before the call's end, GPU use sampled
+# every 15 s, under MPS when MPS=1: paper_runs NAME RESERVE [paper_runs.py options, e.g. --runs ...]. Writes
+# $OUT/NAME.scheduler and appends the scheduler's last lines and the GPU samples to $MD.
+paper_runs() {
+  local name=$1 reserve=$2 smi deadline
+  shift 2
+  mps_start 2>&1 | tee -a "$MD"
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 15 >"$OUT/$name.gpu" 2>&1 &
+  smi=$!
+  deadline=$(($(left) - reserve))
+  say "paper_runs.py $* --deadline $deadline" | tee -a "$MD"
+  python3 benchmarks/gpu/paper_runs.py "$@" --deadline "$deadline" --data-dir "$FMNIST" --root runs/gpu-paper \
+    --device "${DEVICE:-cuda}" --epochs "${EPOCHS:-200}" --seeds ${SEEDS:-0 1 2} >"$OUT/$name.scheduler" 2>&1
+  kill "$smi" 2>/dev/null
+  mps_stop
+  {
+    say "scheduler (last lines)"
+    grep -v "^\[" "$OUT/$name.scheduler" | tail -20
+    grep "^\[" "$OUT/$name.scheduler" | tail -3
+    say "GPU utilisation and memory every 15 s"
+    cat "$OUT/$name.gpu"
+  } >>"$MD" 2>&1
+  rm -f "$OUT/$name.gpu"
+}
+# Tables, CSV and figure of every job in runs/gpu-paper (summarize.py), and their files without checkpoints:
+# paper_pack NAME writes paper_summary.md, per_epoch.csv, paper_per_epoch.png, paper-runs-NAME.tar.gz to $OUT.
+paper_pack() {
+  timeout 60 python3 benchmarks/gpu/summarize.py runs/gpu-paper --epochs "${EPOCHS:-200}" --out "$OUT" >/dev/null 2>>"$MD"
+  tar czf "$OUT/paper-runs-$1.tar.gz" --exclude='*.pt' -C runs gpu-paper
 }

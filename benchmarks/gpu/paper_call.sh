@@ -12,31 +12,13 @@ NAME=$1
 shift
 source benchmarks/gpu/env.sh || exit 1
 MD=$OUT/$NAME.md
-ROOT=runs/gpu-paper
 {
   say "$NAME: $*"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'CPUs', __import__('os').cpu_count())"
   echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?'); date $(date -u +%F' '%H:%M) UTC; MPS=${MPS:-0}"
 } 2>&1 | tee "$MD"
-mps_start 2>&1 | tee -a "$MD"
-nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 15 >"$OUT/$NAME.gpu" 2>&1 &
-SMI=$!
-DEADLINE=$(($(left) - 55))
-say "paper_runs.py --runs $* --deadline $DEADLINE" | tee -a "$MD"
-python3 benchmarks/gpu/paper_runs.py --runs "$@" --deadline "$DEADLINE" --data-dir "$FMNIST" --root "$ROOT" \
-  --device "${DEVICE:-cuda}" --epochs "${EPOCHS:-200}" --seeds ${SEEDS:-0 1 2} >"$OUT/$NAME.scheduler" 2>&1
-kill "$SMI" 2>/dev/null
-mps_stop
-{
-  say "scheduler (last lines)"
-  grep -v "^\[" "$OUT/$NAME.scheduler" | tail -20
-  grep "^\[" "$OUT/$NAME.scheduler" | tail -3
-  say "GPU utilisation and memory every 15 s"
-  cat "$OUT/$NAME.gpu"
-} >>"$MD" 2>&1
-rm -f "$OUT/$NAME.gpu"
-timeout 60 python3 benchmarks/gpu/summarize.py "$ROOT" --epochs "${EPOCHS:-200}" --out "$OUT" >/dev/null 2>>"$MD"
-tar czf "$OUT/paper-runs-$NAME.tar.gz" --exclude='*.pt' -C runs gpu-paper
+paper_runs "$NAME" 55 --runs "$@"
+paper_pack "$NAME"
 say "$NAME done ($(left) s of the budget left)" | tee -a "$MD"
 cat "$OUT/paper_summary.md" 2>/dev/null | head -40
