@@ -26,7 +26,7 @@ guide of the docs has the numbers):
    from the fit: 4 chains x 1,250 steps, as many weighted draws as millipede's default run, at most
    ``time_budget`` seconds. Where the check failed its Rao-Blackwellised probabilities, with
    R-hat, ESS and a Monte Carlo standard error each, are returned (``result.method == "mcmc"``);
-   where it passed a short run (4 chains x 250 steps after 100 of warm-up) tests it: :math:`\hat k`
+   where it passed a short run (4 chains x 150 steps after 50 of warm-up) tests it: :math:`\hat k`
    only sees what the fit proposes, and a sampler that moves a probability by more than 0.2 (plus
    twice its Monte Carlo error) has found mass the fit missed, so the full run's answer is returned
    instead. No probability above 0.9 is returned without a
@@ -60,7 +60,7 @@ TIME_BUDGET = 15.0  # default seconds for the sampler (an upper bound; its steps
 MCMC_STEPS = 1250  # method="auto": steps per chain after warm-up; 4 chains give 5,000 weighted draws (millipede's T)
 MAX_MCMC_STEPS = 100_000  # method="mcmc": until mixed or the time budget, at most this many
 AGREE = 0.2  # a passed check is confirmed when no probability differs from the sampler's by more than this
-VERIFY_WARMUP, VERIFY_STEPS = 100, 250  # the test of a passed check: a short run per chain (a full one if it fails)
+VERIFY_WARMUP, VERIFY_STEPS = 50, 150  # the test of a passed check: a short run per chain (a full one if it fails)
 UNRELIABLE = (
     "Pareto k-hat = {khat:.2f} > 0.7 ({meaning}): these inclusion probabilities could not be checked "
     "against the exact posterior; do not trust individual probabilities, trust only the credible sets (if any)."
@@ -711,7 +711,7 @@ def select_variables(
         tempered Gibbs sampling of the exact posterior
         (:func:`~l0bayes.inference.tempered_gibbs.tempered_gibbs`) started from the fit, 4 chains x 1,250
         steps (5,000 weighted draws). Where the check fails (Pareto :math:`\hat k > 0.7`) the answer is the
-        sampler's; where it passes, a short run (4 chains x 250 steps) tests it: the reweighted fit stands if
+        sampler's; where it passes, a short run (4 chains x 150 steps) tests it: the reweighted fit stands if
         no probability differs from the short run's by more than 0.2 plus twice its Monte Carlo error
         (``details["verified"]``), else the full run's answer is returned (``details["check_contradicted"]``):
         :math:`\hat k` cannot see a mode the fit never proposes. ``"mcmc"``: the sampler until it mixes or
