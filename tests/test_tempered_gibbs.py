@@ -180,9 +180,9 @@ def test_noise_precision_update_matches_a_refresh():
     gamma[1, [2]] = True
     state.start(gamma)
     state.set_noise_precision(0, torch.tensor(3.7, dtype=torch.float64))
-    moved = [t[0].clone() for t in (state.ainv, state.G, state.q, state.d, state.u)]
+    moved = [t[0].clone() for t in (state.ainv, state.Gt, state.q, state.d, state.u)]
     state.refresh(torch.tensor([0]))
-    for a, b in zip(moved, (state.ainv, state.G, state.q, state.d, state.u), strict=True):
+    for a, b in zip(moved, (state.ainv, state.Gt, state.q, state.d, state.u), strict=True):
         np.testing.assert_allclose(a.numpy(), b[0].numpy(), rtol=1e-10, atol=1e-12)
 
 

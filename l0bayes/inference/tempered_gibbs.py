@@ -227,7 +227,7 @@ class _State:
         self.omega = omega  # (C, n) or None
         self.yy = None  # Gaussian: y^T y (set by the sampler)
         self.cache_index = torch.full((self.pad + 1,), -1, dtype=torch.long, device=self.device)
-        self.cache = x.new_zeros(self.p, 0)
+        self.cache = x.new_zeros(0, self.p)  # row i: x_j^T X of the i-th cached feature j (cache_index[j] = i)
         self.cached = 0
         self.capacity = capacity
         self.full_gram = omega is None and self.p <= FULL_GRAM_MAX and self.n * self.p**2 <= FULL_GRAM_FLOPS
@@ -237,25 +237,30 @@ class _State:
             self.cache_index[: self.p] = torch.arange(self.p, device=self.device)
             self.cached = self.p
 
-    # -- Gram columns X^T W x_j (rows: the p features)
+    # -- Gram columns X^T W x_j, stored and returned as rows (a row is contiguous)
     def gram_columns(self, chains, cols):
-        """``(len(chains), p)``: :math:`X^\top W_c x_{j}` for each pair (chain, column)."""
-        if self.full_gram:  # symmetric: row j is column j, and a row is contiguous
+        """``(len(chains), p)``: :math:`x_j^\top W_c X` for each pair (chain, column ``j``).
+
+        The products are taken as ``(k, n) @ (n, p)``: with few columns ``k`` (a model's features) this order
+        runs 3-5x faster on the CPU than the transposed one (one thread, float64, ``n = 500``, ``p = 1000``,
+        ``k = 15``: 0.85 ms against 4.1 ms).
+        """
+        if self.full_gram:  # symmetric: row j is column j
             return self.cache[cols] * self.noise_precision[chains, None]
         if self.omega is None:
             where = self.cache_index[cols]
             if bool((where < 0).any()):
                 missing = torch.unique(cols[where < 0])
                 start, end = self.cached, self.cached + missing.numel()
-                if end > self.cache.shape[1]:  # grow the cache by doubling
-                    grown = self.cache.new_zeros(self.p, max(2 * self.cache.shape[1], end, 64))
-                    grown[:, :start] = self.cache[:, :start]
+                if end > self.cache.shape[0]:  # grow the cache by doubling
+                    grown = self.cache.new_zeros(max(2 * self.cache.shape[0], end, 64), self.p)
+                    grown[:start] = self.cache[:start]
                     self.cache = grown
-                self.cache[:, start:end] = _t_matmul(self.xa[:, missing], self.xa[:, : self.p])
+                self.cache[start:end] = self.xa[:, missing].T @ self.xa[:, : self.p]
                 self.cache_index[missing] = torch.arange(start, end, device=self.device)
                 self.cached = end
                 where = self.cache_index[cols]
-            return self.cache[:, where].T * self.noise_precision[chains, None]
+            return self.cache[where] * self.noise_precision[chains, None]
         weighted = self.omega[chains] * self.xa[:, cols].T  # (m, n)
         return weighted @ self.xa[:, : self.p]
 
@@ -294,7 +299,7 @@ class _State:
         self.refresh(torch.arange(self.C, device=self.device))
 
     def refresh(self, chains):
-        """Recompute G, :math:`A^{-1}` and :math:`q` of ``chains`` from scratch."""
+        """Recompute the Gram rows ``Gt``, :math:`A^{-1}` and :math:`q` of ``chains`` from scratch."""
         K = self.capacity
         cached = self.omega is None and self.num_fixed == 0  # Gaussian: Gram columns from the cache, O(pk)
         for c in chains.tolist():
@@ -303,29 +308,29 @@ class _State:
             cols = idx[used]
             pos = torch.nonzero(used).flatten()
             if cached:
-                gram = self.gram_columns(torch.full_like(cols, c), cols).T  # (p, k): X^T W x_j
-                a_used = gram[cols]
+                gram = self.gram_columns(torch.full_like(cols, c), cols)  # (k, p): x_j^T W X
+                a_used = gram[:, cols]
             else:
                 xs = self.xa[:, cols]
                 w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
                 wxs = w * xs
                 a_used = xs.T @ wxs
-                gram = _t_matmul(wxs, self.xa[:, : self.p])
+                gram = wxs.T @ self.xa[:, : self.p]
             a_used = a_used + torch.diag(self.slot_precision()[c, used])
             inv = torch.cholesky_inverse(torch.linalg.cholesky(a_used))
             ainv = self.xa.new_zeros(K, K)
             ainv[pos[:, None], pos[None, :]] = inv
             self.ainv[c] = ainv
-            g = self.xa.new_zeros(self.p, K)
-            g[:, pos] = gram
-            self.G[c] = g
-            self.q[c] = ((g @ ainv) * g).sum(1)
+            g = self.xa.new_zeros(K, self.p)
+            g[pos] = gram
+            self.Gt[c] = g
+            self.q[c] = ((ainv @ g) * g).sum(0)
             self.d[c] = self.x2_sum * self.noise_precision[c] if self.omega is None else self.omega[c] @ self.x2
 
     def allocate(self):
         C, K = self.C, self.capacity
         self.ainv = self.xa.new_zeros(C, K, K)
-        self.G = self.xa.new_zeros(C, self.p, K)
+        self.Gt = self.xa.new_zeros(C, K, self.p)  # slot k's Gram column x_k^T W X, a contiguous row
         self.q = self.xa.new_zeros(C, self.p)
 
     def grow(self):
@@ -334,13 +339,13 @@ class _State:
         self.capacity = 2 * K
         self.idx = torch.cat([self.idx, self.idx.new_full((self.C, extra), self.pad)], dim=1)
         self.ainv = torch.nn.functional.pad(self.ainv, (0, extra, 0, extra))
-        self.G = torch.nn.functional.pad(self.G, (0, extra))
+        self.Gt = torch.nn.functional.pad(self.Gt, (0, 0, 0, extra))
 
     def conditionals(self, log_prior_odds, log_slab_var):
         r"""``logit`` :math:`\pi_j(\gamma)` and :math:`E[b_j \mid \gamma_j = 1, \gamma_{-j}, y]`, ``(C, p)`` each."""
         u_slot = self.u.gather(1, self.idx)  # (C, K)
         beta = torch.bmm(self.ainv, u_slot[..., None]).squeeze(-1)  # (C, K)
-        r = self.u[:, : self.p] - torch.bmm(self.G, beta[..., None]).squeeze(-1)  # (C, p)
+        r = self.u[:, : self.p] - torch.bmm(beta[:, None, :], self.Gt).squeeze(1)  # (C, p)
         s = torch.clamp(self.d + self.lam - self.q, min=self.lam)  # s_j >= 1/tau^2 exactly; guards rounding
         # features in the model: s = 1 / Ainv_kk and r / s = b_hat_k, written over the slots
         # (empty slots write to a spare column p, dropped)
@@ -355,7 +360,7 @@ class _State:
         return logit, mean
 
     def flip(self, feats, act):
-        """Flip feature ``feats[c]`` in each chain ``c`` with ``act[c]``: rank-one updates of :math:`A^{-1}`, G, q."""
+        """Flip feature ``feats[c]`` in each chain ``c`` with ``act[c]``: rank-one updates of A^-1, ``Gt`` and q."""
         ar = self.arange
         was_on = self.gamma.gather(1, feats[:, None]).squeeze(1)
         adding, removing = act & ~was_on, act & was_on
@@ -368,7 +373,7 @@ class _State:
         on_slot = torch.argmax((self.idx == feats[:, None]).to(torch.int8), dim=1)
         slot = torch.where(adding, free_slot, on_slot)
         # adding j: b = Gram(j, slots) = row j of G; u = Ainv b; s = d_j + lam - b.u; v = u - e_slot, coef 1/s
-        bvec = self.G.gather(1, feats[:, None, None].expand(-1, 1, K)).squeeze(1)  # (C, K)
+        bvec = self.Gt.gather(2, feats[:, None, None].expand(-1, K, 1)).squeeze(-1)  # (C, K)
         uvec = torch.bmm(self.ainv, bvec[..., None]).squeeze(-1)
         d = self.d.expand(self.C, -1).gather(1, feats[:, None]).squeeze(1)
         s_add = d + self.lam - (bvec * uvec).sum(1)
@@ -381,15 +386,15 @@ class _State:
         coef = torch.where(adding, 1.0 / s_add, torch.where(removing, -1.0 / a_ss, zero))
         if bool(adding.any()):
             chains, cols = ar[adding], feats[adding]
-            self.G[chains, :, slot[adding]] = self.gram_columns(chains, cols)
-        t = torch.bmm(self.G, v[..., None]).squeeze(-1)  # (C, p)
+            self.Gt[chains, slot[adding]] = self.gram_columns(chains, cols)
+        t = torch.bmm(v[:, None, :], self.Gt).squeeze(1)  # (C, p)
         self.q.addcmul_(coef[:, None] * t, t)
         self.ainv.baddbmm_(coef[:, None, None] * v[:, :, None], v[:, None, :])
         if bool(removing.any()):
             keep = 1.0 - e * removing[:, None].to(self.dtype)
             self.ainv.mul_(keep[:, :, None] * keep[:, None, :])
             chains, gone = ar[removing], slot[removing]
-            self.G[chains, :, gone] = 0.0
+            self.Gt[chains, gone] = 0.0
         old_idx = self.idx.gather(1, slot[:, None]).squeeze(1)
         new_idx = torch.where(adding, feats, torch.where(removing, torch.full_like(feats, self.pad), old_idx))
         self.idx.scatter_(1, slot[:, None], new_idx[:, None])
@@ -448,24 +453,15 @@ class _State:
         if not self.full_gram:
             self.refresh(torch.tensor([c], device=self.device))
             return
-        self.G[c] *= ratio
+        self.Gt[c] *= ratio
         self.d[c] *= ratio
         used = self.idx[c] != self.pad
         both = used[:, None] & used[None, :]
-        a = torch.where(both, self.G[c][self.idx[c].clamp(max=self.p - 1)], 0.0)
+        a = torch.where(both, self.Gt[c][:, self.idx[c].clamp(max=self.p - 1)], 0.0)
         a = a + torch.diag(torch.where(used, self.slot_precision()[c], 1.0))
         ainv = torch.where(both, torch.cholesky_inverse(torch.linalg.cholesky(a)), 0.0)
         self.ainv[c] = ainv
-        self.q[c] = ((self.G[c] @ ainv) * self.G[c]).sum(1)
-
-
-def _t_matmul(a, b):
-    r""":math:`b^\top a` (``(p, k)`` from ``a``: ``(n, k)``, ``b``: ``(n, p)``) as the transpose of :math:`a^\top b`.
-
-    The same numbers up to rounding; with few columns ``k`` (a model's features) the product in this order runs
-    3-5x faster on the CPU (one thread, float64, ``n = 500``, ``p = 1000``, ``k = 15``: 0.85 ms against 4.1 ms).
-    """
-    return (a.T @ b).T
+        self.q[c] = ((ainv @ self.Gt[c]) * self.Gt[c]).sum(0)
 
 
 def _polya_gamma_sampler(backend, device):
