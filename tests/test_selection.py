@@ -395,8 +395,10 @@ def test_benchmark_script_small_setting(tmp_path):
         sys.path.remove(str(bench))
     out = tmp_path / "r.json"
     args = ["--n", "200", "--p", "60", "--rho", "0.5", "--seeds", "1", "--effects", "3"]
-    records = bvs.main([*args, "--methods", "l0bayes", "lassocv", "--json", str(out)])
-    assert {r["method"] for r in records} == {"l0bayes", "lassocv"} and out.exists()
+    records = bvs.main([*args, "--methods", "l0bayes", "l0bayes-fit", "lassocv", "--json", str(out)])
+    assert {r["method"] for r in records} == {"l0bayes", "l0bayes-fit", "lassocv"} and out.exists()
+    alone = next(r for r in records if r["method"] == "l0bayes-fit")
+    assert alone["used"] in ("reweighted", "variational")  # never the sampler
     assert all(0 <= r["auprc"] <= 1 for r in records)
     with pytest.raises(SystemExit, match="exists"):
         bvs.main([*args, "--json", str(out)])
