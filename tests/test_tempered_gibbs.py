@@ -151,13 +151,12 @@ def test_residual_sum_of_squares_from_the_gram_matrix(dtype, exact_fit):
     y = y - y.mean()
     prec = torch.tensor([1.0 / noise**2], dtype=dtype)
     state = _State(x, torch.cat([x.T @ y, y.new_zeros(1)]), 1.0, 1.0, 0, prec, None, 16)
-    state.yy = (y * y).sum()
     assert state.full_gram
     gamma = torch.zeros(1, 6, dtype=torch.bool)
     gamma[0, [1, 4]] = True
     state.start(gamma)
     fast = state.residual_sum_of_squares(0, y, torch.Generator().manual_seed(2))
-    b_psi = state.draw_coefficients(0, torch.Generator().manual_seed(2))  # the same draw of b, through X
+    b_psi = state.draw_coefficients(0, torch.Generator().manual_seed(2))  # the same draw of b: X_gamma b
     direct = ((y - b_psi) ** 2).sum()
     np.testing.assert_allclose(float(fast), float(direct), rtol=1e-4 if dtype == torch.float32 else 1e-9)
     assert fast > 0

@@ -26,7 +26,7 @@ import torch
 
 from .compiled import requirement_error
 
-__all__ = ["GraphedStep", "requirement_error"]
+__all__ = ["GRAPH_REQUIREMENT", "GraphedStep"]
 
 #: ``requirement_error``'s arguments for ``cuda_graph=True``.
 GRAPH_REQUIREMENT = {"option": "cuda_graph=True", "why": "which read values back to the host"}

@@ -225,7 +225,7 @@ class _State:
         self.fixed_lam = fixed_precision
         self.noise_precision = noise_precision  # Gaussian: (C,) 1 / sigma^2 of each chain; None for PG weights
         self.omega = omega  # (C, n) or None
-        self.yy = None  # Gaussian: y^T y (set by the sampler)
+        self.yy = None  # Gaussian: y^T y, kept at its first use
         self.cache_index = torch.full((self.pad + 1,), -1, dtype=torch.long, device=self.device)
         self.cache = x.new_zeros(0, self.p)  # row i: x_j^T X of the i-th cached feature j (cache_index[j] = i)
         self.cached = 0
@@ -400,42 +400,45 @@ class _State:
         self.idx.scatter_(1, slot[:, None], new_idx[:, None])
         self.gamma.scatter_(1, feats[:, None], (act ^ was_on)[:, None])
 
-    def draw_coefficients(self, c, generator):
-        r"""Draw :math:`b_{\gamma} \mid \gamma, \omega, y` for chain ``c``; return :math:`\psi = X_\gamma b_\gamma`."""
+    def _draw_slab(self, c, generator):
+        r"""Draw :math:`b_{\gamma} \mid \gamma, \omega, y` for chain ``c``: ``(cols, b, gram)``, ``gram`` the cached
+        :math:`X_\gamma^\top X_\gamma` (whole Gram matrix, Gaussian) or ``None`` (then :math:`A` comes from ``X``)."""
         used = self.idx[c] != self.pad
         cols = self.idx[c][used]
-        xs = self.xa[:, cols]
         prec = self.slot_precision()[c, used]
-        w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
-        a = xs.T @ (w * xs) + torch.diag(prec)
+        if self.full_gram:
+            gram = self.cache[cols][:, cols]
+            a = self.noise_precision[c] * gram + torch.diag(prec)
+        else:
+            gram, xs = None, self.xa[:, cols]
+            w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
+            a = xs.T @ (w * xs) + torch.diag(prec)
         chol = torch.linalg.cholesky(a)
         mean = torch.cholesky_solve(self.u[c, cols][:, None], chol).squeeze(-1)
         eps = torch.randn(mean.shape, dtype=self.dtype, device=self.device, generator=generator)
         b = mean + torch.linalg.solve_triangular(chol.T, eps[:, None], upper=True).squeeze(-1)
-        return xs @ b
+        return cols, b, gram
+
+    def draw_coefficients(self, c, generator):
+        r"""Draw :math:`b_{\gamma} \mid \gamma, \omega, y` for chain ``c``; return :math:`\psi = X_\gamma b_\gamma`."""
+        cols, b, _ = self._draw_slab(c, generator)
+        return self.xa[:, cols] @ b
 
     def residual_sum_of_squares(self, c, y, generator):
         r"""Gaussian: draw :math:`b_\gamma \mid \gamma, \sigma, y` for chain ``c``; return
         :math:`\lVert y - X_\gamma b_\gamma \rVert^2`.
 
         With the whole Gram matrix cached, :math:`\lVert y \rVert^2 - 2 b^\top X_\gamma^\top y + b^\top X_\gamma^\top
-        X_\gamma b` costs :math:`O(k^2)` instead of :math:`O(nk)`, from the same random numbers. Where that sum loses
-        more than half its digits to cancellation (a model that leaves almost nothing of ``y``) it is recomputed
-        from the residual itself.
+        X_\gamma b` costs :math:`O(k^2)` instead of :math:`O(nk)`. Where that sum loses more than half its digits to
+        cancellation (a model that leaves almost nothing of ``y``) it is recomputed from the residual itself.
         """
-        if not self.full_gram:
-            return ((y - self.draw_coefficients(c, generator)) ** 2).sum()
-        used = self.idx[c] != self.pad
-        cols = self.idx[c][used]
-        gram = self.cache[cols][:, cols]
-        prec = self.slot_precision()[c, used]
-        chol = torch.linalg.cholesky(self.noise_precision[c] * gram + torch.diag(prec))
-        mean = torch.cholesky_solve(self.u[c, cols][:, None], chol).squeeze(-1)
-        eps = torch.randn(mean.shape, dtype=self.dtype, device=self.device, generator=generator)
-        b = mean + torch.linalg.solve_triangular(chol.T, eps[:, None], upper=True).squeeze(-1)
-        yy = (y * y).sum() if self.yy is None else self.yy
-        rss = yy - 2.0 * (b * self.u0[cols]).sum() + b @ (gram @ b)
-        if rss <= torch.finfo(self.dtype).eps ** 0.5 * yy:
+        cols, b, gram = self._draw_slab(c, generator)
+        if gram is None:
+            return ((y - self.xa[:, cols] @ b) ** 2).sum()
+        if self.yy is None:  # y is the same for the state's lifetime
+            self.yy = (y * y).sum()
+        rss = self.yy - 2.0 * (b * self.u0[cols]).sum() + b @ (gram @ b)
+        if rss <= torch.finfo(self.dtype).eps ** 0.5 * self.yy:
             rss = ((y - self.xa[:, cols] @ b) ** 2).sum()
         return rss
 
@@ -623,7 +626,6 @@ def tempered_gibbs(
         prec = torch.full((C,), 1.0 / noise_scale**2, dtype=dtype, device=device)
         u = torch.cat([x.T @ y, y.new_zeros(1)])
         state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, prec, None, 16)
-        state.yy = (y * y).sum()
     if noise_prior not in (None, "jeffreys") or (noise_prior and bern):
         raise ValueError(f"noise_prior must be None or 'jeffreys' (Gaussian family), got {noise_prior!r}")
     aux = bern or noise_prior == "jeffreys"  # one more coordinate: omega, or sigma^2
