@@ -135,6 +135,55 @@ def test_the_capture_keeps_no_autograd_graph_alive(monkeypatch):
     assert grad_modes[0] is False and seen == [True]
 
 
+#: Backward formulas that ask the device for a value (a zero check, a count of nonzeros): a CUDA graph's
+#: capture fails on them, and the failure leaves CUDA's generator unusable for the process.
+HOST_READING_BACKWARD = {
+    "ProdBackward0",
+    "ProdBackward1",
+    "CumprodBackward0",
+    "MaskedSelectBackward0",
+    "NonzeroBackward0",
+    "RepeatInterleaveBackward0",
+}
+
+
+def _backward_nodes(tensor):
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(f for f, _ in node.next_functions)
+    return {type(node).__name__ for node in seen}
+
+
+@pytest.mark.parametrize("network", ["mlp", "lenet5"])
+@pytest.mark.parametrize(
+    "objective, options",
+    [
+        ("penalized", {}),
+        ("bayes", {}),
+        ("constrained", {"target_density": 0.5}),
+        ("constrained", {"target_density": 0.5, "per_layer": True}),
+        ("constrained", {"target_flops": 0.5}),
+    ],
+)
+def test_the_step_backward_reads_nothing_back_to_the_host(network, objective, options):
+    """What the capture of the backward needs, checked on the CPU: no backward formula that reads a value back."""
+    torch.manual_seed(0)
+    if network == "mlp":
+        net, x = L0MLP(20, (16, 8), 3), torch.randn(8, 20)
+    else:
+        net, x = L0LeNet5(1, 10, 28), torch.rand(4, 1, 28, 28)
+    if "target_flops" in options:
+        options = {**options, "input_shape": tuple(x.shape[1:])}
+    model = SparseClassifier(net, lam=0.1)
+    _, value, _ = make_objective(objective, model, NUM_DATA, **options).step(x, torch.randint(0, 3, (x.shape[0],)))
+    nodes = _backward_nodes(value)
+    assert "AccumulateGrad" in nodes and not nodes & HOST_READING_BACKWARD, sorted(nodes & HOST_READING_BACKWARD)
+
+
 def test_the_capture_restores_buffers(module_capture):
     model = _classifier()
     model.register_buffer("steps_seen", torch.zeros(()))

@@ -122,3 +122,21 @@ def test_flops_need_an_input_shape_and_errors_name_it():
         NetworkSize(net).fraction("weights")
     with pytest.raises(ValueError, match="no HardConcreteGate"):
         kept_density(nn.Linear(3, 2))
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 7, 16])
+def test_row_products_are_torch_prod_zeros_included(width):
+    from l0bayes.pruning.size import _row_products
+
+    g = torch.Generator().manual_seed(width)
+    m = torch.rand(5, width, generator=g, dtype=torch.float64)
+    m[1, 0] = 0.0  # one zero in a row, and two in another: the cases prod's own backward treats apart
+    if width > 1:
+        m[2, :2] = 0.0
+    torch.testing.assert_close(_row_products(m), torch.prod(m, dim=1), rtol=1e-15, atol=0)
+    a, b = m.clone().requires_grad_(), m.clone().requires_grad_()
+    w = torch.randn(5, generator=g, dtype=torch.float64)
+    ((_row_products(a) * w).sum()).backward()
+    ((torch.prod(b, dim=1) * w).sum()).backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-14, atol=1e-300)
+    assert torch.autograd.gradcheck(_row_products, (m.clone().requires_grad_(),))

@@ -84,10 +84,24 @@ class _Factor:
         if self.op == "repeat":
             return vector * v.repeat_interleave(self.hw)
         if self.op == "any":
-            return vector * (1.0 - torch.prod(1.0 - v.view(-1, self.hw), dim=1))
+            return vector * (1.0 - _row_products(1.0 - v.view(-1, self.hw)))
         if self.idx.device != v.device:  # moved once, not on every step
             self.idx, self.root = self.idx.to(v.device), self.root.to(v.device)
         return vector * torch.ones_like(vector).index_copy(0, self.idx, v[self.root])
+
+
+def _row_products(matrix):
+    """The product of each row of a 2-d tensor, as ``torch.prod(matrix, dim=1)``, by pairwise multiplication.
+
+    ``torch.prod``'s backward asks the device whether the input holds a zero (a read back to the host), which a
+    step captured as a CUDA graph may not do (:mod:`l0bayes.inference.graphed`); products of halves, about
+    ``log2`` of the row length of them, differentiate without that, zeros included.
+    """
+    while matrix.shape[1] > 1:
+        if matrix.shape[1] % 2:
+            matrix = torch.cat([matrix, torch.ones_like(matrix[:, :1])], dim=1)
+        matrix = matrix[:, 0::2] * matrix[:, 1::2]
+    return matrix[:, 0]
 
 
 class _Side:
