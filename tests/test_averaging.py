@@ -96,7 +96,7 @@ def test_train_returns_and_reports_the_average_of_its_iterates(tmp_path):
     # the last record describes the averaged model: its gates' expected L0 under the averaged log_alpha
     assert result.history[-1]["expected_l0"] == pytest.approx(float(model.gate.expected_l0().detach()), rel=1e-6)
     # averaging does not change the training trajectory: the checkpoint holds the raw end point of a plain run
-    saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
+    saved = torch.load(tmp_path / "ckpt.pt", map_location="cpu", weights_only=True)["model"]
     for name, value in iterates[-1].items():
         assert torch.equal(saved[name], torch.as_tensor(value)), name
 

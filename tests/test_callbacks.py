@@ -195,7 +195,7 @@ def test_early_stopping_stops_and_restores_the_best_state():
     assert len(result.history) == best + 1 + 2  # stopped after `patience` epochs without improvement
     assert stop.best_epoch == best + 1 and stop.best == errors[best]
     for k, v in model.state_dict().items():
-        assert torch.equal(v, spy.states[best + 1][k]), k
+        assert torch.equal(v, spy.states[best + 1][k].to(v.device)), k  # train() may have run on a GPU
     with pytest.raises(ValueError, match="patience"):
         EarlyStopping(patience=0)
     with pytest.raises(KeyError, match="no 'validation_accuracy'"):

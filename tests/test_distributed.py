@@ -165,7 +165,7 @@ def ranks(tmp_path_factory):
     forkable = "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized()
     method = "fork" if forkable else "spawn"
     mp.start_processes(_worker, args=(2, *_free_ports(2), str(out)), nprocs=2, join=True, start_method=method)
-    return out, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return out, [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +222,7 @@ def test_a_stuck_rank_gives_a_clear_error_not_a_hang(ranks):
 def test_checkpoint_from_two_processes_resumes_on_one(ranks, single):
     out, (r0, r1) = ranks
     ckpt = out / "bayes_2procs_epoch1.pt"
-    state = torch.load(ckpt, weights_only=False)
+    state = torch.load(ckpt, weights_only=True)
     assert state["world_size"] == 2 and len(state["rank_rng"]) == 2 and state["epoch"] == 1
     model = _model()
     result = _train(model, "bayes", checkpoint=str(ckpt), resume=True, distributed=False)

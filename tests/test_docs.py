@@ -371,6 +371,8 @@ def _run_page(name, tmp_path):
         encoding="utf-8",
     )
     env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+    if OUTPUT_MARK in (ROOT / name).read_text(encoding="utf-8"):
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the outputs shown are the CPU's (train() takes a GPU when it sees one)
     proc = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env
     )
