@@ -589,7 +589,7 @@ def tempered_gibbs(
     :param int refresh: steps between full recomputations of :math:`A^{-1}` and :math:`q`.
     :param str polya_gamma: Bernoulli: how to draw :math:`\omega`: ``"torch"``
         (:func:`~l0bayes.distributions.polya_gamma.sample_polya_gamma`, any device),
-        ``"polyagamma"`` (the compiled ``polyagamma`` package, CPU; ``pip install l0bayes[fast]``)
+        ``"polyagamma"`` (the compiled ``polyagamma`` package, CPU, a dependency of l0bayes)
         or ``"auto"`` (the package on the CPU where it is installed, else torch). Both are exact.
     :param thin: keep every ``thin``-th state for :attr:`TemperedGibbsResult.states` at first; the
         interval doubles whenever 2000 are kept, so 1000 to 2000 remain per chain.
