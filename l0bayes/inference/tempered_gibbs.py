@@ -205,9 +205,9 @@ class _Snapshots:
 class _State:
     r"""Batched state of ``C`` chains: slots of included features, :math:`A^{-1}`, Gram columns and :math:`q`.
 
-    ``xa`` is ``X`` with the always-included columns appended and a zero column last (the index
-    of an empty slot). ``weights`` is ``None`` for the Gaussian family (:math:`W = I/\sigma^2`,
-    the same for every chain, Gram columns cached once) or ``(C, n)`` Pólya-Gamma variables.
+    ``xat`` is :math:`X_a^\top`, :math:`X_a` being ``X`` with the always-included columns appended and a zero
+    column last (the index of an empty slot). ``omega`` is ``None`` for the Gaussian family (:math:`W =
+    I/\sigma^2` per chain, Gram columns cached) or ``(C, n)`` Pólya-Gamma variables.
     """
 
     def __init__(self, x, u, slab_precision, fixed_precision, num_fixed, noise_precision, omega, capacity):
@@ -215,8 +215,10 @@ class _State:
         self.n, self.p = x.shape
         self.dtype, self.device = x.dtype, x.device
         self.num_fixed = num_fixed
-        ones = x.new_ones(self.n, num_fixed)
-        self.xa = torch.cat([x, ones, x.new_zeros(self.n, 1)], dim=1)
+        self.x = x.contiguous()
+        # X_a^T: row j is column j of X, then the always-included columns, then the zero column (contiguous rows:
+        # the columns of a model are gathered as rows)
+        self.xat = torch.cat([x.T, x.new_ones(num_fixed, self.n), x.new_zeros(1, self.n)], dim=0)
         self.pad = self.p + num_fixed
         self.x2 = x * x
         self.x2_sum = self.x2.sum(0)
@@ -256,13 +258,13 @@ class _State:
                     grown = self.cache.new_zeros(max(2 * self.cache.shape[0], end, 64), self.p)
                     grown[:start] = self.cache[:start]
                     self.cache = grown
-                self.cache[start:end] = self.xa[:, missing].T @ self.xa[:, : self.p]
+                self.cache[start:end] = self.xat[missing] @ self.x
                 self.cache_index[missing] = torch.arange(start, end, device=self.device)
                 self.cached = end
                 where = self.cache_index[cols]
             return self.cache[where] * self.noise_precision[chains, None]
-        weighted = self.omega[chains] * self.xa[:, cols].T  # (m, n)
-        return weighted @ self.xa[:, : self.p]
+        weighted = self.omega[chains] * self.xat[cols]  # (m, n)
+        return weighted @ self.x
 
     def diag(self):
         """``(C, p)`` or ``(1, p)``: :math:`x_j^\top W x_j`."""
@@ -311,27 +313,26 @@ class _State:
                 gram = self.gram_columns(torch.full_like(cols, c), cols)  # (k, p): x_j^T W X
                 a_used = gram[:, cols]
             else:
-                xs = self.xa[:, cols]
-                w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
-                wxs = w * xs
-                a_used = xs.T @ wxs
-                gram = wxs.T @ self.xa[:, : self.p]
+                xs = self.xat[cols]  # (k, n)
+                wxs = xs * (self.noise_precision[c] if self.omega is None else self.omega[c])
+                a_used = wxs @ xs.T
+                gram = wxs @ self.x
             a_used = a_used + torch.diag(self.slot_precision()[c, used])
             inv = torch.cholesky_inverse(torch.linalg.cholesky(a_used))
-            ainv = self.xa.new_zeros(K, K)
+            ainv = self.x.new_zeros(K, K)
             ainv[pos[:, None], pos[None, :]] = inv
             self.ainv[c] = ainv
-            g = self.xa.new_zeros(K, self.p)
+            g = self.x.new_zeros(K, self.p)
             g[pos] = gram
             self.Gt[c] = g
-            self.q[c] = ((ainv @ g) * g).sum(0)
+            self.q[c] = ((inv @ gram) * gram).sum(0)  # = ((ainv @ g) * g).sum(0): the empty slots are zero
             self.d[c] = self.x2_sum * self.noise_precision[c] if self.omega is None else self.omega[c] @ self.x2
 
     def allocate(self):
         C, K = self.C, self.capacity
-        self.ainv = self.xa.new_zeros(C, K, K)
-        self.Gt = self.xa.new_zeros(C, K, self.p)  # slot k's Gram column x_k^T W X, a contiguous row
-        self.q = self.xa.new_zeros(C, self.p)
+        self.ainv = self.x.new_zeros(C, K, K)
+        self.Gt = self.x.new_zeros(C, K, self.p)  # slot k's Gram column x_k^T W X, a contiguous row
+        self.q = self.x.new_zeros(C, self.p)
 
     def grow(self):
         """Double the slot capacity (a chain's model outgrew it)."""
@@ -410,9 +411,9 @@ class _State:
             gram = self.cache[cols][:, cols]
             a = self.noise_precision[c] * gram + torch.diag(prec)
         else:
-            gram, xs = None, self.xa[:, cols]
-            w = self.noise_precision[c] if self.omega is None else self.omega[c][:, None]
-            a = xs.T @ (w * xs) + torch.diag(prec)
+            gram, xs = None, self.xat[cols]
+            w = self.noise_precision[c] if self.omega is None else self.omega[c]
+            a = (xs * w) @ xs.T + torch.diag(prec)
         chol = torch.linalg.cholesky(a)
         mean = torch.cholesky_solve(self.u[c, cols][:, None], chol).squeeze(-1)
         eps = torch.randn(mean.shape, dtype=self.dtype, device=self.device, generator=generator)
@@ -422,7 +423,7 @@ class _State:
     def draw_coefficients(self, c, generator):
         r"""Draw :math:`b_{\gamma} \mid \gamma, \omega, y` for chain ``c``; return :math:`\psi = X_\gamma b_\gamma`."""
         cols, b, _ = self._draw_slab(c, generator)
-        return self.xa[:, cols] @ b
+        return b @ self.xat[cols]
 
     def residual_sum_of_squares(self, c, y, generator):
         r"""Gaussian: draw :math:`b_\gamma \mid \gamma, \sigma, y` for chain ``c``; return
@@ -434,12 +435,12 @@ class _State:
         """
         cols, b, gram = self._draw_slab(c, generator)
         if gram is None:
-            return ((y - self.xa[:, cols] @ b) ** 2).sum()
+            return ((y - b @ self.xat[cols]) ** 2).sum()
         if self.yy is None:  # y is the same for the state's lifetime
             self.yy = (y * y).sum()
         rss = self.yy - 2.0 * (b * self.u0[cols]).sum() + b @ (gram @ b)
         if rss <= torch.finfo(self.dtype).eps ** 0.5 * self.yy:
-            rss = ((y - self.xa[:, cols] @ b) ** 2).sum()
+            rss = ((y - b @ self.xat[cols]) ** 2).sum()
         return rss
 
     def set_noise_precision(self, c, precision):
