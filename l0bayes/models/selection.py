@@ -62,9 +62,9 @@ MAX_MCMC_STEPS = 100_000  # method="mcmc": until mixed or the time budget, at mo
 AGREE = 0.2  # a passed check is confirmed when no probability differs from the sampler's by more than this
 VERIFY_WARMUP, VERIFY_STEPS = 50, 150  # the test of a passed check: a short run per chain (a full one if it fails)
 # Bernoulli family, methods "auto" and "mcmc": at most this many steps of the logistic fit, which there is the
-# importance check's proposal and the sampler's start (the check is then reweighted or refined; measured in
-# benchmarks/RESULTS.md, "Hard designs": 3-7 s less, AUPRC unchanged within its spread); "variational" keeps
-# 5000, as its answer is the fit itself
+# importance check's proposal and the sampler's start (benchmarks/RESULTS.md, "Choice of the sampler, by
+# measurement": 3-6 s less than the fit's own stopping rule, AUPRC unchanged within its spread); "variational"
+# keeps 5000, as its answer is the fit itself
 LOGISTIC_START_STEPS = 800
 UNRELIABLE = (
     "Pareto k-hat = {khat:.2f} > 0.7 ({meaning}): these inclusion probabilities could not be checked "
