@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from residual_cnn import ResNet
 from test_fused import _classifier as fused_classifier
 
 from l0bayes.inference import GraphedStep, train
@@ -17,6 +18,7 @@ from l0bayes.inference import graphed as graphed_module
 from l0bayes.inference.objectives import make_objective
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP, L0LeNet5
+from l0bayes.pruning import sparsify
 
 NUM_DATA = 1000
 OBJECTIVES = {"penalized": {}, "bayes": {}, "constrained": {"target_density": 0.5}}
@@ -158,7 +160,7 @@ def _backward_nodes(tensor):
     return {type(node).__name__ for node in seen}
 
 
-@pytest.mark.parametrize("network", ["mlp", "lenet5"])
+@pytest.mark.parametrize("network", ["mlp", "lenet5", "sparsified-resnet"])
 @pytest.mark.parametrize(
     "objective, options",
     [
@@ -174,8 +176,11 @@ def test_the_step_backward_reads_nothing_back_to_the_host(network, objective, op
     torch.manual_seed(0)
     if network == "mlp":
         net, x = L0MLP(20, (16, 8), 3), torch.randn(8, 20)
-    else:
+    elif network == "lenet5":
         net, x = L0LeNet5(1, 10, 28), torch.rand(4, 1, 28, 28)
+    else:  # a user's residual CNN with batch norm, gated by sparsify() (its sizes follow torch-pruning's graph)
+        x = torch.randn(5, 1, 8, 8)
+        net = sparsify(ResNet(), example_inputs=x)
     if "target_flops" in options:
         options = {**options, "input_shape": tuple(x.shape[1:])}
     model = SparseClassifier(net, lam=0.1)
