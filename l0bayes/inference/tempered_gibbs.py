@@ -302,7 +302,6 @@ class _State:
 
     def refresh(self, chains):
         """Recompute the Gram rows ``Gt``, :math:`A^{-1}` and :math:`q` of ``chains`` from scratch."""
-        K = self.capacity
         cached = self.omega is None and self.num_fixed == 0  # Gaussian: Gram columns from the cache, O(pk)
         for c in chains.tolist():
             idx = self.idx[c]
@@ -319,13 +318,11 @@ class _State:
                 gram = wxs @ self.x
             a_used = a_used + torch.diag(self.slot_precision()[c, used])
             inv = torch.cholesky_inverse(torch.linalg.cholesky(a_used))
-            ainv = self.x.new_zeros(K, K)
-            ainv[pos[:, None], pos[None, :]] = inv
-            self.ainv[c] = ainv
-            g = self.x.new_zeros(K, self.p)
-            g[pos] = gram
-            self.Gt[c] = g
-            self.q[c] = ((inv @ gram) * gram).sum(0)  # = ((ainv @ g) * g).sum(0): the empty slots are zero
+            self.ainv[c].zero_()  # the empty slots' rows and columns are zero
+            self.ainv[c, pos[:, None], pos[None, :]] = inv
+            self.Gt[c].zero_()
+            self.Gt[c, pos] = gram
+            self.q[c] = ((inv @ gram) * gram).sum(0)  # over the used slots only: the others are zero
             self.d[c] = self.x2_sum * self.noise_precision[c] if self.omega is None else self.omega[c] @ self.x2
 
     def allocate(self):
