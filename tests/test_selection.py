@@ -58,8 +58,9 @@ def test_collapsed_log_marginal_matches_dense_normal():
     width = max(len(s) for s in subsets)
     index = torch.tensor([s + [9] * (width - len(s)) for s in subsets])
     xt, yt = torch.tensor(x), torch.tensor(y)
-    for core in (None, torch.tensor([0, 1]), torch.tensor([], dtype=torch.long)):  # every Gram path
-        log_ml, coef = collapsed_log_marginal(xt, yt, index, slab_scale=0.7, noise_scale=1.3, core=core)
+    paths = [{"core": None}, {"core": torch.tensor([0, 1])}, {"core": torch.tensor([], dtype=torch.long)}]
+    for kw in paths + [{"gram": xt.T @ xt}]:  # every Gram path: cached products, or read from a given X^T X
+        log_ml, coef = collapsed_log_marginal(xt, yt, index, slab_scale=0.7, noise_scale=1.3, **kw)
         for k, s in enumerate(subsets):
             mask = np.zeros(9, bool)
             mask[s] = True

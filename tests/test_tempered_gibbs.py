@@ -116,6 +116,42 @@ def test_gram_columns_as_needed_give_the_whole_gram_matrix_answer(correlated_gau
     assert np.abs(runs[0].inclusion - exact.inclusion).max() < 0.2
 
 
+def test_a_given_gram_matrix_is_read_instead_of_computed(correlated_gaussian):
+    """``gram=X^T X`` gives the chains of a run that computes it; a different matrix changes them (it is read)."""
+    x, y, _ = correlated_gaussian
+    xt, yt = torch.tensor(x), torch.tensor(y)
+    gram = xt.T @ xt
+    other = 0.5 * gram + 0.5 * torch.diag(torch.diagonal(gram))  # the same diagonal, weaker correlations
+    runs = [
+        tempered_gibbs(
+            xt, yt, 0.2, 0.5, 1.0, min_steps=200, max_steps=200, generator=torch.Generator().manual_seed(3), gram=g
+        )
+        for g in (None, gram, other)
+    ]
+    np.testing.assert_allclose(runs[1].inclusion, runs[0].inclusion, rtol=1e-10, atol=1e-13)
+    assert np.abs(runs[2].inclusion - runs[0].inclusion).max() > 0.01
+
+
+def test_diagnostics_on_demand_equal_those_of_the_run():
+    """``diagnose=False`` leaves R-hat, ESS and MCSE for later; :meth:`diagnose` then gives the values a
+    ``diagnose=True`` run of the same chains computes."""
+    rng = np.random.default_rng(5)
+    x = ar1(60, 8, 0.7, rng)
+    y = x[:, 1] - 0.8 * x[:, 6] + rng.standard_normal(60)
+    args = (torch.tensor(x), torch.tensor(y - y.mean()), 0.3, 1.0, 1.0)
+    runs = [
+        tempered_gibbs(*args, min_steps=400, max_steps=400, generator=torch.Generator().manual_seed(2), diagnose=d)
+        for d in (True, False)
+    ]
+    lazy = runs[1]
+    assert lazy.rhat is None and lazy.mcse is None and lazy.ess is None
+    np.testing.assert_array_equal(lazy.inclusion, runs[0].inclusion)
+    assert lazy.diagnose() is lazy
+    for name in ("rhat", "mcse", "ess"):
+        np.testing.assert_array_equal(getattr(lazy, name), getattr(runs[0], name))
+    assert lazy.mixed == runs[0].mixed
+
+
 def test_noise_moves_from_the_whole_gram_matrix_follow_the_same_chains(monkeypatch):
     """sigma sampled: with the whole Gram matrix the residual sum of squares comes from it in O(k^2) and a new
     sigma rescales the cached columns; without it both come from X. The same random stream must give the same

@@ -90,6 +90,17 @@ class ImportanceCheck:
         return float(np.max(np.abs(self.inclusion - self.proposal)))
 
 
+class _FullGram:
+    """Gram entries read from the whole :math:`X^\top X` (padded with a zero row and column ``p``)."""
+
+    def __init__(self, gram):
+        self.padded = torch.nn.functional.pad(gram, (0, 1, 0, 1))
+
+    def __call__(self, index):
+        """``(S, K, K)`` Gram matrices of the rows of ``index``."""
+        return self.padded[index[:, :, None], index[:, None, :]]
+
+
 class _GramCache:
     """Gram entries of the columns that occur in ``index`` (padded with ``p``, a zero column).
 
@@ -121,7 +132,7 @@ class _GramCache:
         return gram
 
 
-def collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=None):
+def collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=None, gram=None):
     r""":math:`\log p(y \mid \gamma)` and :math:`E[b_\gamma \mid y, \gamma]` for a batch of models.
 
     :param x: ``(n, p)`` tensor, centred.
@@ -130,19 +141,21 @@ def collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=None):
         padded slot adds nothing to either quantity).
     :param core: features that occur in many models (their products with every column are
         computed once); default: every feature that occurs.
+    :param gram: :math:`X^\top X` (``(p, p)``) where the caller has it: the models' Gram matrices are then
+        read from it (``core`` is not needed).
     :returns: ``(S,)`` log marginal likelihoods (the closed form of
         :func:`~l0bayes.analysis.log_marginal_likelihood`) and ``(S, K)`` conditional posterior
         means :math:`(X_\gamma^\top X_\gamma + \sigma^2/\tau^2 I)^{-1} X_\gamma^\top y`.
     """
     n, p = x.shape
     s2, t2 = float(noise_scale) ** 2, float(slab_scale) ** 2
-    if core is None:
+    if core is None and gram is None:
         core = torch.unique(index[index < p])
     xty = torch.cat([x.T @ y, y.new_zeros(1)])
     base = -0.5 * n * math.log(2 * math.pi * s2) - 0.5 * float(y @ y) / s2
     out, coef = [], []
     eye = torch.eye(index.shape[1], dtype=x.dtype, device=x.device)
-    gram = _GramCache(x, index, core)
+    gram = _GramCache(x, index, core) if gram is None else _FullGram(gram)
     for chunk in index.split(CHUNK * 8):
         chol = torch.linalg.cholesky(eye + (t2 / s2) * gram(chunk))
         rhs = xty[chunk].unsqueeze(-1)
@@ -272,6 +285,7 @@ def importance_check(
     generator=None,
     core=None,
     rao_blackwell=True,
+    gram=None,
 ):
     r"""Reweight draws of a product-Bernoulli proposal (or a mixture of them) to the exact collapsed posterior.
 
@@ -291,6 +305,8 @@ def importance_check(
         complements of :mod:`l0bayes.inference.tempered_gibbs`) instead of the weighted mean of the indicator
         :math:`\gamma_j`: the same limit, a smaller Monte Carlo error, and no exact zeros for the features no
         draw included (their order then says which come next).
+    :param gram: :math:`X^\top X` (``(p, p)``) where the caller has it (both the marginal likelihoods and the
+        Rao-Blackwellised probabilities read it instead of computing products with ``X``).
     :returns: :class:`ImportanceCheck`.
     """
     proposals = torch.as_tensor(proposals, dtype=x.dtype, device=x.device).reshape(-1, x.shape[1])
@@ -301,7 +317,7 @@ def importance_check(
         mixture = torch.full((num_components,), 1.0 / num_components, dtype=x.dtype, device=x.device)
     law = BernoulliMixture(proposals, torch.as_tensor(mixture, dtype=x.dtype, device=x.device), core)
     index, log_q = law.sample(num_draws, generator)
-    log_ml, coef = collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=law.core)
+    log_ml, coef = collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=law.core, gram=gram)
     size = (index < p).sum(1).to(x.dtype)
     log_prior = size * math.log(prior_inclusion) + (p - size) * math.log1p(-prior_inclusion)
     smoothed, khat = psis((log_ml + log_prior - log_q).cpu().numpy())
@@ -311,7 +327,8 @@ def importance_check(
     draws = torch.zeros(num_draws, p + 1, dtype=torch.bool, device=x.device)
     draws[torch.arange(num_draws, device=x.device)[:, None], index] = True
     if rao_blackwell:
-        inclusion = _conditional_inclusion(x, y, draws[:, :p], weights, prior_inclusion, slab_scale, noise_scale)
+        hyper = (prior_inclusion, slab_scale, noise_scale)
+        inclusion = _conditional_inclusion(x, y, draws[:, :p], weights, *hyper, gram=gram)
     else:
         inclusion = x.new_zeros(p + 1).index_add_(0, flat, weights[:, None].expand_as(index).flatten())[:p]
     return ImportanceCheck(
@@ -326,7 +343,7 @@ def importance_check(
     )
 
 
-def _conditional_inclusion(x, y, draws, weights, prior_inclusion, slab_scale, noise_scale, batch=64):
+def _conditional_inclusion(x, y, draws, weights, prior_inclusion, slab_scale, noise_scale, batch=64, gram=None):
     r"""Rao-Blackwellised inclusion probabilities of weighted draws: :math:`\sum_s w_s P(\gamma_j = 1 \mid
     \gamma^{(s)}_{-j}, y) / \sum_s w_s`.
 
@@ -346,7 +363,7 @@ def _conditional_inclusion(x, y, draws, weights, prior_inclusion, slab_scale, no
     log_odds = math.log(prior_inclusion) - math.log1p(-prior_inclusion)
     total = (mass[count:, None] * models[count:].to(x.dtype)).sum(0)
     precision = x.new_full((1,), 1.0 / noise_scale**2)
-    state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, precision, None, 16)  # one state: its Gram cache is shared
+    state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, precision, None, 16, gram=gram)  # one state, one Gram cache
     for start in range(0, count, batch):
         chunk = models[start : min(start + batch, count)]
         state.noise_precision = precision  # start() expands it to the batch

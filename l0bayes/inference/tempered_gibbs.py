@@ -88,12 +88,19 @@ MAX_BLOCKS = 256  # blocks kept per chain (pairs merge when full)
 MAX_STATES = 1000  # thinned states kept per chain (at least this many, fewer than twice)
 
 
+def full_gram_pays(n, p):
+    r"""Whether the Gaussian sampler computes the whole Gram matrix :math:`X^\top X` of an ``(n, p)`` ``X`` at the
+    start (:data:`FULL_GRAM_MAX`, :data:`FULL_GRAM_FLOPS`) instead of its columns as chains visit them."""
+    return p <= FULL_GRAM_MAX and n * p**2 <= FULL_GRAM_FLOPS
+
+
 @dataclass
 class TemperedGibbsResult:
     r"""What :func:`tempered_gibbs` returns (numpy arrays over the ``p`` features).
 
     :ivar inclusion: Rao-Blackwellised :math:`\hat P(\gamma_j = 1 \mid y)`.
-    :ivar mcse: Monte Carlo standard error of each.
+    :ivar mcse: Monte Carlo standard error of each (with :attr:`ess` and :attr:`rhat`, ``None`` after
+        ``tempered_gibbs(diagnose=False)`` until :meth:`diagnose`).
     :ivar ess: effective sample size of each (:math:`\hat P (1 - \hat P) / \mathrm{MCSE}^2`).
     :ivar rhat: rank-normalised split R-hat across chains (``nan`` where every chain's estimate is
         below :data:`RELEVANT` / 10: not computed, nothing to compare).
@@ -124,9 +131,18 @@ class TemperedGibbsResult:
 
     def unmixed(self, rhat_max=RHAT_MAX, ess_min=ESS_MIN, relevant=RELEVANT):
         """Boolean ``(p,)``: probabilities at least ``relevant`` whose R-hat or ESS fails its threshold."""
+        self.diagnose()
         matters = self.inclusion >= relevant
         bad_rhat = ~(self.rhat <= rhat_max)  # nan counts as bad where it matters
         return matters & (bad_rhat | ~(self.ess >= ess_min))
+
+    def diagnose(self):
+        """Compute :attr:`rhat`, :attr:`mcse` and :attr:`ess` where ``tempered_gibbs(diagnose=False)`` left them
+        ``None`` (from the chains' block sums, kept for this); returns ``self``."""
+        if self.rhat is None:
+            bh, bw, seen_at = self._blocks
+            self.rhat, self.mcse, self.ess = _diagnostics(bh, bw, self.inclusion, seen_at)
+        return self
 
     @property
     def mixed(self):
@@ -210,7 +226,7 @@ class _State:
     I/\sigma^2` per chain, Gram columns cached) or ``(C, n)`` Pólya-Gamma variables.
     """
 
-    def __init__(self, x, u, slab_precision, fixed_precision, num_fixed, noise_precision, omega, capacity):
+    def __init__(self, x, u, slab_precision, fixed_precision, num_fixed, noise_precision, omega, capacity, gram=None):
         # u: (p + F + 1,) X_a^T y (Gaussian, scaled by each chain's 1 / sigma^2) or X_a^T kappa (Bernoulli)
         self.n, self.p = x.shape
         self.dtype, self.device = x.dtype, x.device
@@ -232,10 +248,10 @@ class _State:
         self.cache = x.new_zeros(0, self.p)  # row i: x_j^T X of the i-th cached feature j (cache_index[j] = i)
         self.cached = 0
         self.capacity = capacity
-        self.full_gram = omega is None and self.p <= FULL_GRAM_MAX and self.n * self.p**2 <= FULL_GRAM_FLOPS
+        self.full_gram = omega is None and full_gram_pays(self.n, self.p)
         if self.full_gram:
             # the whole Gram matrix in one product: cheaper than the many small ones of a chain that roams
-            self.cache = x.T @ x
+            self.cache = x.T @ x if gram is None else gram
             self.cache_index[: self.p] = torch.arange(self.p, device=self.device)
             self.cached = self.p
 
@@ -501,15 +517,13 @@ def _rhat_ess(blocks_h, blocks_w, pip, select):
     return rhat, mcse
 
 
-def _diagnostics(acc, pip, seen_at):
-    """R-hat, MCSE and ESS per feature from the block sums of the chains.
+def _diagnostics(bh, bw, pip, seen_at):
+    """R-hat, MCSE and ESS per feature from the block sums of the chains (``bh``: ``(C, B, p)``, ``bw``: ``(C, B)``).
 
     ArviZ computes R-hat and the MCSE of the features that some chain puts at ``seen_at`` or
     above; for the others (every chain says almost 0) the MCSE is the standard error of the
     chains' own estimates and R-hat is ``nan``.
     """
-    bh = acc["pip"].stacked().cpu().numpy()  # (C, B, p)
-    bw = acc["w"].stacked().cpu().numpy()  # (C, B)
     p = pip.shape[0]
     rhat = np.full(p, np.nan)
     mcse = np.zeros(p)
@@ -529,7 +543,7 @@ def _diagnostics(acc, pip, seen_at):
         mcse[:] = np.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         ess = np.where(mcse == 0, np.inf, pip * (1 - pip) / mcse**2)
-    return rhat, mcse, ess, chain_pip
+    return rhat, mcse, ess
 
 
 def tempered_gibbs(
@@ -555,6 +569,8 @@ def tempered_gibbs(
     thin=None,
     polya_gamma="auto",
     generator=None,
+    gram=None,
+    diagnose=True,
 ):
     r"""Sample the collapsed spike-and-slab posterior with weighted tempered Gibbs (see the module docstring).
 
@@ -591,6 +607,10 @@ def tempered_gibbs(
         or ``"auto"`` (the package on the CPU where it is installed, else torch). Both are exact.
     :param thin: keep every ``thin``-th state for :attr:`TemperedGibbsResult.states` at first; the
         interval doubles whenever 2000 are kept, so 1000 to 2000 remain per chain.
+    :param gram: Gaussian: :math:`X^\top X` (``(p, p)``) where the caller already has it; used where the
+        sampler would compute it (:func:`full_gram_pays`), ignored otherwise.
+    :param bool diagnose: compute R-hat, ESS and the MCSE of each probability at the end; ``False`` leaves them
+        ``None`` until :meth:`TemperedGibbsResult.diagnose` is called (a short run read for its probabilities).
     :returns: :class:`TemperedGibbsResult`.
     """
     if family not in ("gaussian", "bernoulli"):
@@ -623,7 +643,7 @@ def tempered_gibbs(
     else:
         prec = torch.full((C,), 1.0 / noise_scale**2, dtype=dtype, device=device)
         u = torch.cat([x.T @ y, y.new_zeros(1)])
-        state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, prec, None, 16)
+        state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, prec, None, 16, gram=gram)
     if noise_prior not in (None, "jeffreys") or (noise_prior and bern):
         raise ValueError(f"noise_prior must be None or 'jeffreys' (Gaussian family), got {noise_prior!r}")
     aux = bern or noise_prior == "jeffreys"  # one more coordinate: omega, or sigma^2
@@ -696,7 +716,7 @@ def tempered_gibbs(
             else:
                 omega_moves += moves.numel()
         step += 1
-        if step % refresh == 0:
+        if step % refresh == 0 and step < total:  # (none after the last step: nothing reads it)
             state.refresh(chains)
         done = step - warmup
         if time_budget is not None and time.perf_counter() - began >= time_budget and done > 0:
@@ -706,7 +726,7 @@ def tempered_gibbs(
             if _result(acc, snapshots, done, warmup, began, omega_moves, C, RELEVANT).mixed:
                 stopped = "mixed"
                 break
-    result = _result(acc, snapshots, max(step - warmup, 0), warmup, began, omega_moves, C, RELEVANT / 10)
+    result = _result(acc, snapshots, max(step - warmup, 0), warmup, began, omega_moves, C, RELEVANT / 10, diagnose)
     result.details["stopped"] = stopped
     if noise_prior is not None:
         result.details["noise_scale_mean"] = float(sigma_sum / acc["w"].total)
@@ -728,7 +748,7 @@ def _starting_models(start, C, p, device, gen):
     return draws
 
 
-def _result(acc, snapshots, done, warmup, began, omega_moves, C, seen_at):
+def _result(acc, snapshots, done, warmup, began, omega_moves, C, seen_at, diagnose=True):
     snapshots.flush()
     if not acc["w"].sums:  # fewer steps than one block: close the open one
         for a in acc.values():
@@ -739,14 +759,14 @@ def _result(acc, snapshots, done, warmup, began, omega_moves, C, seen_at):
     pip = (acc["pip"].stacked().sum((0, 1)) / total_w).cpu().numpy()
     coef = (acc["coef"].stacked().sum((0, 1)) / total_w).cpu().numpy()
     pip = np.clip(pip, 0.0, 1.0)
-    rhat, mcse, ess, chain_pip = _diagnostics(acc, pip, seen_at)
-    return TemperedGibbsResult(
+    bh, bw = acc["pip"].stacked().cpu().numpy(), acc["w"].stacked().cpu().numpy()  # (C, B, p), (C, B)
+    result = TemperedGibbsResult(
         inclusion=pip,
-        mcse=mcse,
-        ess=ess,
-        rhat=rhat,
+        mcse=None,
+        ess=None,
+        rhat=None,
         coef_mean=coef,
-        chain_inclusion=chain_pip,
+        chain_inclusion=bh.sum(1) / bw.sum(1)[:, None],
         states=snapshots.states,
         state_log_weights=np.asarray(snapshots.log_weights, dtype=np.float64),
         num_steps=done,
@@ -754,3 +774,5 @@ def _result(acc, snapshots, done, warmup, began, omega_moves, C, seen_at):
         seconds=time.perf_counter() - began,
         details={"omega_fraction": omega_moves / max(done * C, 1)},
     )
+    result._blocks = (bh, bw, seen_at)
+    return result.diagnose() if diagnose else result
