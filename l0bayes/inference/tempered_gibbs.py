@@ -288,11 +288,17 @@ class _State:
             return self.x2_sum[None] * self.noise_precision[:, None]
         return self.omega @ self.x2
 
-    def slot_precision(self):
-        lam = torch.full_like(self.idx, 1.0, dtype=self.dtype)
-        lam[:, self.num_fixed :] = self.lam
-        lam[:, : self.num_fixed] = self.fixed_lam
-        return lam
+    def slots(self, c):
+        """The used slots of chain ``c`` and their features, in slot order."""
+        idx = self.idx[c]
+        pos = torch.nonzero(idx != self.pad).flatten()
+        return pos, idx[pos]
+
+    def prior_precision(self, pos):
+        """The prior precisions of slots ``pos``: the always-included ones' first, then :math:`1/\tau^2`."""
+        if self.num_fixed == 0:
+            return torch.full(pos.shape, self.lam, dtype=self.dtype, device=self.device)
+        return torch.where(pos < self.num_fixed, self.fixed_lam, self.lam).to(self.dtype)
 
     def start(self, gammas):
         """Set every chain to the models of ``gammas`` (``(C, p)`` bool)."""
@@ -320,10 +326,7 @@ class _State:
         """Recompute the Gram rows ``Gt``, :math:`A^{-1}` and :math:`q` of ``chains`` from scratch."""
         cached = self.omega is None and self.num_fixed == 0  # Gaussian: Gram columns from the cache, O(pk)
         for c in chains.tolist():
-            idx = self.idx[c]
-            used = idx != self.pad
-            cols = idx[used]
-            pos = torch.nonzero(used).flatten()
+            pos, cols = self.slots(c)
             if cached:
                 gram = self.gram_columns(torch.full_like(cols, c), cols)  # (k, p): x_j^T W X
                 a_used = gram[:, cols]
@@ -332,7 +335,7 @@ class _State:
                 wxs = xs * (self.noise_precision[c] if self.omega is None else self.omega[c])
                 a_used = wxs @ xs.T
                 gram = wxs @ self.x
-            a_used = a_used + torch.diag(self.slot_precision()[c, used])
+            a_used = a_used + torch.diag(self.prior_precision(pos))
             inv = torch.cholesky_inverse(torch.linalg.cholesky(a_used))
             self.ainv[c].zero_()  # the empty slots' rows and columns are zero
             self.ainv[c, pos[:, None], pos[None, :]] = inv
@@ -417,16 +420,15 @@ class _State:
     def _draw_slab(self, c, generator):
         r"""Draw :math:`b_{\gamma} \mid \gamma, \omega, y` for chain ``c``: ``(cols, b, gram)``, ``gram`` the cached
         :math:`X_\gamma^\top X_\gamma` (whole Gram matrix, Gaussian) or ``None`` (then :math:`A` comes from ``X``)."""
-        used = self.idx[c] != self.pad
-        cols = self.idx[c][used]
-        prec = self.slot_precision()[c, used]
+        pos, cols = self.slots(c)
         if self.full_gram:
-            gram = self.cache[cols][:, cols]
-            a = self.noise_precision[c] * gram + torch.diag(prec)
+            gram = self.cache[cols[:, None], cols]
+            a = self.noise_precision[c] * gram
         else:
             gram, xs = None, self.xat[cols]
             w = self.noise_precision[c] if self.omega is None else self.omega[c]
-            a = (xs * w) @ xs.T + torch.diag(prec)
+            a = (xs * w) @ xs.T
+        a.diagonal().add_(self.prior_precision(pos))
         chol = torch.linalg.cholesky(a)
         mean = torch.cholesky_solve(self.u[c, cols][:, None], chol).squeeze(-1)
         eps = torch.randn(mean.shape, dtype=self.dtype, device=self.device, generator=generator)
@@ -460,9 +462,9 @@ class _State:
         r"""Gaussian: chain ``c`` continues at noise precision :math:`1/\sigma^2` = ``precision``.
 
         Its Gram columns and :math:`x_j^\top W x_j` scale with the precision; :math:`A^{-1}` is the inverse of
-        :math:`A = X_\gamma^\top W X_\gamma + \lambda I`, read off the rescaled Gram columns over the slots (an
-        empty slot's row and column are the identity's, then zero), and :math:`q` follows from both: no product
-        with ``X`` and no gather of its columns.
+        :math:`A = X_\gamma^\top W X_\gamma + \lambda I`, read off the whole Gram matrix over the model's
+        columns (the empty slots' rows and columns stay zero), and :math:`q` follows from both: no product with
+        ``X`` and no gather of its columns.
         """
         ratio = precision / self.noise_precision[c]
         self.noise_precision[c] = precision
@@ -472,13 +474,14 @@ class _State:
             return
         self.Gt[c] *= ratio
         self.d[c] *= ratio
-        used = self.idx[c] != self.pad
-        both = used[:, None] & used[None, :]
-        a = torch.where(both, self.Gt[c][:, self.idx[c].clamp(max=self.p - 1)], 0.0)
-        a = a + torch.diag(torch.where(used, self.slot_precision()[c], 1.0))
-        ainv = torch.where(both, torch.cholesky_inverse(torch.linalg.cholesky(a)), 0.0)
-        self.ainv[c] = ainv
-        self.q[c] = ((ainv @ self.Gt[c]) * self.Gt[c]).sum(0)
+        pos, cols = self.slots(c)
+        a = precision * self.cache[cols[:, None], cols]
+        a.diagonal().add_(self.prior_precision(pos))
+        inv = torch.cholesky_inverse(torch.linalg.cholesky(a))
+        self.ainv[c].zero_()  # the empty slots' rows and columns are zero
+        self.ainv[c, pos[:, None], pos[None, :]] = inv
+        gram = self.Gt[c, pos]
+        self.q[c] = ((inv @ gram) * gram).sum(0)
 
 
 def _polya_gamma_sampler(backend, device):
