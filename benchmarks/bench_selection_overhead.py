@@ -22,6 +22,7 @@ Example::
 """
 
 import argparse
+import atexit
 import datetime
 import importlib
 import json
@@ -49,6 +50,7 @@ def import_baseline(tree):
     if not (source / "__init__.py").exists():
         raise SystemExit(f"{tree} holds no l0bayes package (expected {source}/__init__.py)")
     home = Path(tempfile.mkdtemp(prefix="l0bayes-baseline-"))
+    atexit.register(shutil.rmtree, home, True)
     shutil.copytree(source, home / "l0bayes_baseline")  # its imports are relative: it runs under any name
     sys.path.insert(0, str(home))
     return importlib.import_module("l0bayes_baseline.models.selection").select_variables

@@ -405,6 +405,30 @@ def test_benchmark_script_small_setting(tmp_path):
         bvs.main([*args, "--json", str(out)])
 
 
+def test_overhead_script_times_the_default_beside_the_fit_and_another_tree(tmp_path):
+    """The baseline tree is this one, imported under another name: both run in one process."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import bench_selection_overhead as bso
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    out = tmp_path / "o.jsonl"
+    args = ["--n", "150", "--p", "40", "--effects", "3", "--seeds", "1", "--repeats", "1", "--rho", "0.5"]
+    records = bso.main([*args, "--baseline", str(root), "--json", str(out)])
+    assert out.exists() and len(records) == 1
+    assert set(records[0]["seconds"]) == {"auto", "fit", "baseline"} and min(records[0]["seconds"].values()) > 0
+    assert "l0bayes_baseline" in sys.modules and sys.modules["l0bayes_baseline"].__file__ != l0bayes.__file__
+    assert "auto / baseline" in bso.table(records, markdown=True)
+    with pytest.raises(SystemExit, match="exists"):
+        bso.main([*args, "--json", str(out)])
+    with pytest.raises(SystemExit, match="no l0bayes package"):
+        bso.import_baseline(tmp_path)
+
+
 def test_a_passed_check_that_the_sampler_contradicts_gives_the_samplers_answer():
     """Pareto k-hat cannot see a mode the fit never proposes: the sampler, run from the fit, decides."""
     from l0bayes.models import selection
