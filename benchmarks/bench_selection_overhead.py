@@ -44,16 +44,22 @@ from bench_variable_selection import make_data  # noqa: E402
 from tables import format_table  # noqa: E402
 
 
-def import_baseline(tree):
-    """``select_variables`` of the l0bayes package in source tree ``tree``, imported as ``l0bayes_baseline``."""
+def import_baseline(tree, name="l0bayes_baseline"):
+    """``select_variables`` of the l0bayes package in source tree ``tree``, imported as package ``name``."""
     source = Path(tree) / "l0bayes"
     if not (source / "__init__.py").exists():
         raise SystemExit(f"{tree} holds no l0bayes package (expected {source}/__init__.py)")
+    if name in sys.modules:
+        raise SystemExit(f"a package {name!r} is already imported in this process; give another name")
     home = Path(tempfile.mkdtemp(prefix="l0bayes-baseline-"))
     atexit.register(shutil.rmtree, home, True)
-    shutil.copytree(source, home / "l0bayes_baseline")  # its imports are relative: it runs under any name
+    shutil.copytree(source, home / name)  # its imports are relative: it runs under any name
     sys.path.insert(0, str(home))
-    return importlib.import_module("l0bayes_baseline.models.selection").select_variables
+    try:
+        module = importlib.import_module(f"{name}.models.selection")
+    finally:  # its later imports go through the package's own path
+        sys.path.remove(str(home))
+    return module.select_variables
 
 
 def time_calls(calls, repeats):
@@ -72,7 +78,7 @@ def time_calls(calls, repeats):
 def run(args):
     import l0bayes
 
-    baseline = import_baseline(args.baseline) if args.baseline else None
+    baseline = import_baseline(args.baseline, args.baseline_name) if args.baseline else None
     records = []
     for rho in args.rho:
         for seed in range(args.seeds):
@@ -133,6 +139,7 @@ def parse_args(argv=None):
     parser.add_argument("--seeds", type=int, default=3, help="data seeds 0 .. SEEDS - 1 (data seed 1000 s + 7)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="an l0bayes source tree to time beside this one")
+    parser.add_argument("--baseline-name", default="l0bayes_baseline", help="the package name it is imported as")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the records here as JSON lines (must not exist)")
     parser.add_argument("--load", type=Path, nargs="*", default=[], help="tabulate these --json files too")

@@ -418,15 +418,57 @@ def test_overhead_script_times_the_default_beside_the_fit_and_another_tree(tmp_p
         sys.path.remove(str(root / "benchmarks"))
     out = tmp_path / "o.jsonl"
     args = ["--n", "150", "--p", "40", "--effects", "3", "--seeds", "1", "--repeats", "1", "--rho", "0.5"]
-    records = bso.main([*args, "--baseline", str(root), "--json", str(out)])
-    assert out.exists() and len(records) == 1
-    assert set(records[0]["seconds"]) == {"auto", "fit", "baseline"} and min(records[0]["seconds"].values()) > 0
-    assert "l0bayes_baseline" in sys.modules and sys.modules["l0bayes_baseline"].__file__ != l0bayes.__file__
-    assert "auto / baseline" in bso.table(records, markdown=True)
+    name, threads = f"l0bayes_baseline_{tmp_path.name}", torch.get_num_threads()
+    try:
+        records = bso.main([*args, "--baseline", str(root), "--baseline-name", name, "--json", str(out)])
+        assert out.exists() and len(records) == 1
+        assert set(records[0]["seconds"]) == {"auto", "fit", "baseline"} and min(records[0]["seconds"].values()) > 0
+        # the baseline's own code ran: its modules are the copy's, not this tree's
+        selection = sys.modules[f"{name}.models.selection"]
+        assert Path(selection.__file__).parent.parent.name == name and selection.torch is torch
+        assert "auto / baseline" in bso.table(records, markdown=True)
+        with pytest.raises(SystemExit, match="already imported"):
+            bso.import_baseline(root, name)
+    finally:
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]
+        torch.set_num_threads(threads)
     with pytest.raises(SystemExit, match="exists"):
         bso.main([*args, "--json", str(out)])
     with pytest.raises(SystemExit, match="no l0bayes package"):
         bso.import_baseline(tmp_path)
+
+
+def test_the_test_of_a_passed_check_weighs_a_gap_against_its_monte_carlo_error(monkeypatch):
+    """A move beyond AGREE within twice its MCSE confirms the fit; beyond that the full run answers. The MCSE
+    is computed only where some move exceeds AGREE."""
+    from l0bayes.models import selection
+
+    class Short:  # the short run: its MCSE only on demand
+        def __init__(self, mcse):
+            self.num_steps, self.seconds, self.asked, self._mcse = 150, 0.5, 0, mcse
+
+        def diagnose(self):
+            self.asked += 1
+            self.mcse = self._mcse
+            return self
+
+    def fake_refine(fit, xs, y, family, opts, budget, noise_given, warmup=500, diagnose=True):
+        if diagnose:  # the full run
+            return {**fit, "method": "mcmc", "details": {}, "inclusion": np.array([0.5, 0.9, 0.1])}
+        run = runs.pop(0)
+        return {"inclusion": np.array([0.5, 0.9, moved]), "mcse": None, "sampler": run}
+
+    monkeypatch.setattr(selection, "_refine", fake_refine)
+    fit = {"inclusion": np.array([0.5, 0.9, 0.1]), "method": "reweighted", "details": {}}
+    for moved, mcse, confirmed, asked in [(0.35, 0.05, True, 1), (0.35, 0.01, False, 1), (0.25, 0.0, True, 0)]:
+        runs = [Short(np.array([0.0, 0.0, mcse]))]
+        run = runs[0]
+        out = selection._verify({**fit, "details": {}}, None, None, "gaussian", {"mcmc_steps": 1250}, 15.0, True)
+        assert ("verified" in out["details"]) is confirmed and out["method"] == ("reweighted" if confirmed else "mcmc")
+        assert run.asked == asked  # (0.25 - 0.1 = 0.15 <= AGREE: no MCSE needed)
+        if not confirmed:
+            assert out["details"]["check_contradicted"]["feature"] == 2
 
 
 def test_a_passed_check_that_the_sampler_contradicts_gives_the_samplers_answer():

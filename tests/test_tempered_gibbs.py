@@ -6,6 +6,7 @@ marginal likelihood (tests/exact_spike_slab.py), the closed-form Pólya-Gamma mo
 compiled ``polyagamma`` package. Tolerances come from the sampler's own Monte Carlo standard errors.
 """
 
+import dataclasses
 import itertools
 import math
 
@@ -132,6 +133,27 @@ def test_a_given_gram_matrix_is_read_instead_of_computed(correlated_gaussian):
     assert np.abs(runs[2].inclusion - runs[0].inclusion).max() > 0.01
 
 
+def test_state_prior_precisions_are_exact_in_float64():
+    """The intercept's precision in the always-included slot, 1 / tau^2 in the others, without float32 rounding."""
+    from l0bayes.inference.tempered_gibbs import _State
+
+    x = torch.randn(20, 5, dtype=torch.float64)
+    u = torch.zeros(7, dtype=torch.float64)
+    omega = torch.ones(2, 20, dtype=torch.float64)
+    state = _State(x, u, 1.0 / 0.3**2, 1.0 / 10.0**2, 1, None, omega, 8)
+    out = state.prior_precision(torch.tensor([0, 1, 3]))
+    assert out.dtype == torch.float64
+    assert out.tolist() == [1.0 / 10.0**2, 1.0 / 0.3**2, 1.0 / 0.3**2]
+
+
+def test_a_given_gram_matrix_is_checked(correlated_gaussian):
+    x, y, _ = correlated_gaussian
+    xt, yt = torch.tensor(x), torch.tensor(y)
+    for bad in (xt.T @ xt[:, :5], (xt.T @ xt).float(), "X^T X"):
+        with pytest.raises(ValueError, match="gram must be X\\^T X"):
+            tempered_gibbs(xt, yt, 0.2, 0.5, 1.0, max_steps=10, gram=bad)
+
+
 def test_diagnostics_on_demand_equal_those_of_the_run():
     """``diagnose=False`` leaves R-hat, ESS and MCSE for later; :meth:`diagnose` then gives the values a
     ``diagnose=True`` run of the same chains computes."""
@@ -150,6 +172,10 @@ def test_diagnostics_on_demand_equal_those_of_the_run():
     for name in ("rhat", "mcse", "ess"):
         np.testing.assert_array_equal(getattr(lazy, name), getattr(runs[0], name))
     assert lazy.mixed == runs[0].mixed
+    assert lazy._blocks is None and runs[0]._blocks is None  # the block sums are released once used
+    fresh = dataclasses.replace(lazy, rhat=None, mcse=None, ess=None)
+    with pytest.raises(ValueError, match="no block sums"):
+        fresh.diagnose()
 
 
 def test_noise_moves_from_the_whole_gram_matrix_follow_the_same_chains(monkeypatch):

@@ -91,14 +91,18 @@ class ImportanceCheck:
 
 
 class _FullGram:
-    """Gram entries read from the whole :math:`X^\top X` (padded with a zero row and column ``p``)."""
+    r"""Gram entries read from the whole :math:`X^\top X` (``index`` padded with ``p``: a zero row and column)."""
 
     def __init__(self, gram):
-        self.padded = torch.nn.functional.pad(gram, (0, 1, 0, 1))
+        self.gram = gram
+        self.p = gram.shape[0]
 
     def __call__(self, index):
         """``(S, K, K)`` Gram matrices of the rows of ``index``."""
-        return self.padded[index[:, :, None], index[:, None, :]]
+        pad = index >= self.p
+        safe = index.masked_fill(pad, 0)
+        gram = self.gram[safe[:, :, None], safe[:, None, :]]
+        return gram.masked_fill_(pad[:, :, None] | pad[:, None, :], 0.0)
 
 
 class _GramCache:
@@ -155,7 +159,12 @@ def collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=None, gram
     base = -0.5 * n * math.log(2 * math.pi * s2) - 0.5 * float(y @ y) / s2
     out, coef = [], []
     eye = torch.eye(index.shape[1], dtype=x.dtype, device=x.device)
-    gram = _GramCache(x, index, core) if gram is None else _FullGram(gram)
+    if gram is None:
+        gram = _GramCache(x, index, core)
+    else:
+        from ..inference.tempered_gibbs import check_gram
+
+        gram = _FullGram(check_gram(gram, x))
     for chunk in index.split(CHUNK * 8):
         chol = torch.linalg.cholesky(eye + (t2 / s2) * gram(chunk))
         rhs = xty[chunk].unsqueeze(-1)
@@ -305,8 +314,9 @@ def importance_check(
         complements of :mod:`l0bayes.inference.tempered_gibbs`) instead of the weighted mean of the indicator
         :math:`\gamma_j`: the same limit, a smaller Monte Carlo error, and no exact zeros for the features no
         draw included (their order then says which come next).
-    :param gram: :math:`X^\top X` (``(p, p)``) where the caller has it (both the marginal likelihoods and the
-        Rao-Blackwellised probabilities read it instead of computing products with ``X``).
+    :param gram: :math:`X^\top X` (``(p, p)``) where the caller has it: the marginal likelihoods read it instead
+        of computing products with ``X``, and so do the Rao-Blackwellised probabilities where the sampler's state
+        would compute it (:func:`~l0bayes.inference.tempered_gibbs.full_gram_pays`).
     :returns: :class:`ImportanceCheck`.
     """
     proposals = torch.as_tensor(proposals, dtype=x.dtype, device=x.device).reshape(-1, x.shape[1])

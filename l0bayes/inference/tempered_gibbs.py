@@ -88,6 +88,17 @@ MAX_BLOCKS = 256  # blocks kept per chain (pairs merge when full)
 MAX_STATES = 1000  # thinned states kept per chain (at least this many, fewer than twice)
 
 
+def check_gram(gram, x):
+    r"""``gram`` (or ``None``), checked as :math:`X^\top X` of ``x``: ``(p, p)``, the dtype and device of ``x``."""
+    if gram is None:
+        return None
+    p = x.shape[1]
+    if not isinstance(gram, torch.Tensor) or gram.shape != (p, p) or gram.dtype != x.dtype or gram.device != x.device:
+        got = f"{tuple(gram.shape)} {gram.dtype} on {gram.device}" if isinstance(gram, torch.Tensor) else type(gram)
+        raise ValueError(f"gram must be X^T X: a ({p}, {p}) {x.dtype} tensor on {x.device}, got {got}")
+    return gram
+
+
 def full_gram_pays(n, p):
     r"""Whether the Gaussian sampler computes the whole Gram matrix :math:`X^\top X` of an ``(n, p)`` ``X`` at the
     start (:data:`FULL_GRAM_MAX`, :data:`FULL_GRAM_FLOPS`) instead of its columns as chains visit them."""
@@ -117,9 +128,9 @@ class TemperedGibbsResult:
     """
 
     inclusion: np.ndarray
-    mcse: np.ndarray
-    ess: np.ndarray
-    rhat: np.ndarray
+    mcse: np.ndarray | None
+    ess: np.ndarray | None
+    rhat: np.ndarray | None
     coef_mean: np.ndarray
     chain_inclusion: np.ndarray
     states: list = field(repr=False)
@@ -128,6 +139,7 @@ class TemperedGibbsResult:
     num_warmup: int = 0
     seconds: float = 0.0
     details: dict = field(default_factory=dict)
+    _blocks: tuple = field(default=None, repr=False, compare=False)  # block sums until diagnose() (diagnose=False)
 
     def unmixed(self, rhat_max=RHAT_MAX, ess_min=ESS_MIN, relevant=RELEVANT):
         """Boolean ``(p,)``: probabilities at least ``relevant`` whose R-hat or ESS fails its threshold."""
@@ -140,8 +152,11 @@ class TemperedGibbsResult:
         """Compute :attr:`rhat`, :attr:`mcse` and :attr:`ess` where ``tempered_gibbs(diagnose=False)`` left them
         ``None`` (from the chains' block sums, kept for this); returns ``self``."""
         if self.rhat is None:
+            if self._blocks is None:
+                raise ValueError("no block sums kept to diagnose this result: rhat, mcse and ess were never computed")
             bh, bw, seen_at = self._blocks
             self.rhat, self.mcse, self.ess = _diagnostics(bh, bw, self.inclusion, seen_at)
+            self._blocks = None  # (C, B, p): released once used
         return self
 
     @property
@@ -257,7 +272,7 @@ class _State:
 
     # -- Gram columns X^T W x_j, stored and returned as rows (a row is contiguous)
     def gram_columns(self, chains, cols):
-        """``(len(chains), p)``: :math:`x_j^\top W_c X` for each pair (chain, column ``j``).
+        r"""``(len(chains), p)``: :math:`x_j^\top W_c X` for each pair (chain, column ``j``).
 
         The products are taken as ``(k, n) @ (n, p)``: with few columns ``k`` (a model's features) this order
         runs 3-5x faster on the CPU than the transposed one (one thread, float64, ``n = 500``, ``p = 1000``,
@@ -283,7 +298,7 @@ class _State:
         return weighted @ self.x
 
     def diag(self):
-        """``(C, p)`` or ``(1, p)``: :math:`x_j^\top W x_j`."""
+        r"""``(C, p)`` or ``(1, p)``: :math:`x_j^\top W x_j`."""
         if self.omega is None:
             return self.x2_sum[None] * self.noise_precision[:, None]
         return self.omega @ self.x2
@@ -295,10 +310,11 @@ class _State:
         return pos, idx[pos]
 
     def prior_precision(self, pos):
-        """The prior precisions of slots ``pos``: the always-included ones' first, then :math:`1/\tau^2`."""
-        if self.num_fixed == 0:
-            return torch.full(pos.shape, self.lam, dtype=self.dtype, device=self.device)
-        return torch.where(pos < self.num_fixed, self.fixed_lam, self.lam).to(self.dtype)
+        r"""The prior precisions of slots ``pos``: :math:`1/\tau^2`, the always-included slots' own first."""
+        out = torch.full(pos.shape, self.lam, dtype=self.dtype, device=self.device)
+        if self.num_fixed:
+            out[pos < self.num_fixed] = self.fixed_lam
+        return out
 
     def start(self, gammas):
         """Set every chain to the models of ``gammas`` (``(C, p)`` bool)."""
@@ -646,7 +662,7 @@ def tempered_gibbs(
     else:
         prec = torch.full((C,), 1.0 / noise_scale**2, dtype=dtype, device=device)
         u = torch.cat([x.T @ y, y.new_zeros(1)])
-        state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, prec, None, 16, gram=gram)
+        state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, prec, None, 16, gram=check_gram(gram, x))
     if noise_prior not in (None, "jeffreys") or (noise_prior and bern):
         raise ValueError(f"noise_prior must be None or 'jeffreys' (Gaussian family), got {noise_prior!r}")
     aux = bern or noise_prior == "jeffreys"  # one more coordinate: omega, or sigma^2
@@ -778,4 +794,4 @@ def _result(acc, snapshots, done, warmup, began, omega_moves, C, seen_at, diagno
         details={"omega_fraction": omega_moves / max(done * C, 1)},
     )
     result._blocks = (bh, bw, seen_at)
-    return result.diagnose() if diagnose else result
+    return result.diagnose() if diagnose else result  # diagnose() releases the block sums

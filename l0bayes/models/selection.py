@@ -432,7 +432,7 @@ def _proposals(probs, p):
 
 
 def _reweight(x, y, pip, hyper, num_draws, rounds, generator, gram=None):
-    """Adaptive importance sampling: round ``r + 1`` proposes from round ``r``'s reweighted probabilities.
+    r"""Adaptive importance sampling: round ``r + 1`` proposes from round ``r``'s reweighted probabilities.
 
     Stops at the first round with k-hat at most 0.7 and an effective sample size of at least a
     tenth of the draws. ``gram``: :math:`X^\top X` where it is computed once for the check and the sampler.
