@@ -279,6 +279,14 @@ def test_sampler_that_has_not_mixed_says_so(hard_design):
         res = l0bayes.select_variables(x, y, method="mcmc", time_budget=0.05)
     assert res.method == "mcmc" and not res.mixed and not res.reliable
     assert not (res.inclusion_probabilities[res.sampler.unmixed()] > 0.9).any()
+    # the line names only the criteria that failed, each with its worst value
+    run = res.sampler
+    relevant = np.flatnonzero(run.inclusion >= 0.01)[:2]
+    run.rhat, run.ess = np.ones_like(run.rhat), np.full_like(run.ess, 1e4)
+    run.rhat[relevant[0]] = 1.25
+    assert "1 probability with R-hat above 1.01 (worst 1.250)" in res.diagnostic and "ESS" not in res.diagnostic
+    run.rhat[relevant[0]], run.ess[relevant] = 1.0, [40.0, 7.0]
+    assert "2 probabilities with ESS below 100 (lowest 7)" in res.diagnostic and "R-hat above" not in res.diagnostic
 
 
 def test_method_mcmc_matches_enumeration_on_diabetes(diabetes):

@@ -169,14 +169,8 @@ class SelectionResult:
                     f": mixed (R-hat <= {RHAT_MAX} and ESS >= {ESS_MIN} for every probability >= {RELEVANT}); "
                     "Monte Carlo standard errors in result.mcse."
                 )
-            bad = run.unmixed()
-            rhat = run.rhat[bad & np.isfinite(run.rhat)]
-            ess = run.ess[bad & np.isfinite(run.ess)]
-            rhat = f"{rhat.max():.4f}" if rhat.size else "nan"
-            ess = f"{ess.min():.0f}" if ess.size else "nan"
             return head + (
-                f": NOT mixed, {int(bad.sum())} probabilities with R-hat up to {rhat} or ESS down to {ess} "
-                f"(need <= {RHAT_MAX} and >= {ESS_MIN}); {self.capped.size} above {CAP} capped at {CAP}; "
+                f": NOT mixed, {_unmixed_words(run)}; {self.capped.size} above {CAP} capped at {CAP}; "
                 "raise mcmc_steps (and time_budget)."
             )
         line = UNRELIABLE.format(khat=self.khat, meaning=meaning)
@@ -331,6 +325,28 @@ class SelectionResult:
 
 
 # ------------------------------------------------------------------ inputs
+def _unmixed_words(run):
+    """Which of the sampler's criteria failed, for how many probabilities, and the worst value of each."""
+    bad = run.unmixed()
+    parts = []
+    high_rhat = bad & ~(run.rhat <= RHAT_MAX)  # nan (not computed) fails too
+    if high_rhat.any():
+        worst = run.rhat[high_rhat & np.isfinite(run.rhat)]
+        value = f"worst {worst.max():.3f}" if worst.size else "not computed"
+        parts.append(f"{_count(high_rhat.sum())} with R-hat above {RHAT_MAX} ({value})")
+    low_ess = bad & ~(run.ess >= ESS_MIN)
+    if low_ess.any():
+        worst = run.ess[low_ess & np.isfinite(run.ess)]
+        value = f"lowest {worst.min():.0f}" if worst.size else "not computed"
+        parts.append(f"{_count(low_ess.sum())} with ESS below {ESS_MIN} ({value})")
+    return " and ".join(parts)
+
+
+def _count(k):
+    k = int(k)
+    return f"{k} probability" if k == 1 else f"{k} probabilities"
+
+
 def _as_tensor(a, name, dtype, device):
     if isinstance(a, torch.Tensor):
         t = a.detach().to(device=device, dtype=dtype)
