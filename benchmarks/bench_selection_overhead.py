@@ -23,10 +23,8 @@ Example::
 
 import argparse
 import atexit
-import datetime
 import importlib
 import json
-import platform
 import shutil
 import statistics
 import sys
@@ -40,7 +38,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_variable_selection import make_data  # noqa: E402
+from bench_variable_selection import load_records, machine_line, make_data  # noqa: E402
 from tables import format_table  # noqa: E402
 
 
@@ -153,14 +151,8 @@ def main(argv=None):
     if args.json is not None and args.json.exists():
         raise SystemExit(f"{args.json} exists; not overwriting it")
     torch.set_num_threads(args.threads)
-    print(
-        f"# {datetime.date.today()} {platform.node()} {platform.processor() or platform.machine()}, "
-        f"torch {torch.__version__}, {args.threads} thread(s), cmd: {' '.join(sys.argv)}",
-        flush=True,
-    )
-    records = []
-    for path in args.load:
-        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    print(machine_line(args.threads), flush=True)
+    records = load_records(args.load)
     if not args.no_run:
         fresh = run(args)
         if args.json is not None:

@@ -411,6 +411,19 @@ def diabetes(markdown):
     return table + "\n\n" + probs
 
 
+def machine_line(threads):
+    """The run's first line: date, machine, torch, threads and command."""
+    return (
+        f"# {datetime.date.today()} {platform.node()} {platform.processor() or platform.machine()}, "
+        f"torch {torch.__version__}, {threads} thread(s), cmd: {' '.join(sys.argv)}"
+    )
+
+
+def load_records(paths):
+    """The records of earlier ``--json`` files (JSON lines), in order."""
+    return [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1000)
@@ -445,14 +458,8 @@ def main(argv=None):
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if args.json is not None and args.json.exists():
         raise SystemExit(f"{args.json} exists; not overwriting it")
-    print(
-        f"# {datetime.date.today()} {platform.node()} {platform.processor() or platform.machine()}, "
-        f"torch {torch.__version__}, {args.threads} thread(s), cmd: {' '.join(sys.argv)}",
-        flush=True,
-    )
-    records = []
-    for path in args.load:
-        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    print(machine_line(args.threads), flush=True)
+    records = load_records(args.load)
     if not args.no_grid:
         records += run_grid(args)
     if records:
