@@ -180,8 +180,8 @@ def test_diagnostics_on_demand_equal_those_of_the_run():
 
 def test_noise_moves_from_the_whole_gram_matrix_follow_the_same_chains(monkeypatch):
     """sigma sampled: with the whole Gram matrix the residual sum of squares comes from it in O(k^2) and a new
-    sigma rescales the cached columns; without it both come from X. The same random stream must give the same
-    chains up to rounding."""
+    sigma reads its Gram rows from the cached matrix; without it both come from X. The same random stream must
+    give the same chains up to rounding."""
     import l0bayes.inference.tempered_gibbs as tg
 
     rng = np.random.default_rng(4)
@@ -225,26 +225,40 @@ def test_residual_sum_of_squares_from_the_gram_matrix(dtype, exact_fit):
     assert (direct / state.yy < torch.finfo(dtype).eps ** 0.5) == exact_fit  # the case meant
 
 
-def test_noise_precision_update_matches_a_refresh():
-    """After a new sigma, A^-1, the Gram columns and q rescaled in place equal those recomputed from scratch."""
+def test_noise_precision_update_matches_the_closed_form():
+    """After a new sigma, A^-1, the Gram rows, q, d and u equal their closed forms at the new precision,
+    computed from X directly (numpy): A = X_g^T X_g / sigma^2 + I / tau^2, Gt = X_g^T X / sigma^2,
+    q_j = Gt_j^T A^-1 Gt_j, d_j = |x_j|^2 / sigma^2, u = X^T y / sigma^2."""
     from l0bayes.inference.tempered_gibbs import _State
 
     rng = np.random.default_rng(3)
     x = torch.tensor(ar1(40, 7, 0.7, rng))
     y = x[:, 0] + torch.tensor(rng.standard_normal(40))
     y = y - y.mean()
+    lam = 2.0
     state = _State(
-        x, torch.cat([x.T @ y, y.new_zeros(1)]), 2.0, 1.0, 0, torch.tensor([1.0, 0.5], dtype=x.dtype), None, 16
+        x, torch.cat([x.T @ y, y.new_zeros(1)]), lam, 1.0, 0, torch.tensor([1.0, 0.5], dtype=x.dtype), None, 16
     )
     gamma = torch.zeros(2, 7, dtype=torch.bool)
     gamma[0, [0, 3, 6]] = True
     gamma[1, [2]] = True
     state.start(gamma)
-    state.set_noise_precision(0, torch.tensor(3.7, dtype=torch.float64))
-    moved = [t[0].clone() for t in (state.ainv, state.Gt, state.q, state.d, state.u)]
-    state.refresh(torch.tensor([0]))
-    for a, b in zip(moved, (state.ainv, state.Gt, state.q, state.d, state.u), strict=True):
-        np.testing.assert_allclose(a.numpy(), b[0].numpy(), rtol=1e-10, atol=1e-12)
+    prec = 3.7
+    state.set_noise_precision(0, torch.tensor(prec, dtype=torch.float64))
+    xn, yn = x.numpy(), y.numpy()
+    pos, cols = [int(k) for k in state.slots(0)[0]], [int(j) for j in state.slots(0)[1]]
+    assert sorted(cols) == [0, 3, 6]
+    xg = xn[:, cols]
+    ainv = np.linalg.inv(prec * xg.T @ xg + lam * np.eye(3))
+    gt = prec * xg.T @ xn
+    np.testing.assert_allclose(state.ainv[0][np.ix_(pos, pos)].numpy(), ainv, rtol=1e-10)
+    np.testing.assert_allclose(state.Gt[0, pos].numpy(), gt, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(state.q[0].numpy(), np.einsum("kj,kl,lj->j", gt, ainv, gt), rtol=1e-10)
+    np.testing.assert_allclose(state.d[0].numpy(), prec * (xn**2).sum(0), rtol=1e-12)
+    np.testing.assert_allclose(state.u[0, :7].numpy(), prec * xn.T @ yn, rtol=1e-12, atol=1e-12)
+    assert float(state.noise_precision[0]) == prec and float(state.noise_precision[1]) == 0.5
+    empty = [k for k in range(state.capacity) if k not in pos]  # the empty slots stay zero
+    assert not state.ainv[0][empty].any() and not state.Gt[0, empty].any()
 
 
 def test_one_step_of_warm_up():

@@ -477,27 +477,12 @@ class _State:
     def set_noise_precision(self, c, precision):
         r"""Gaussian: chain ``c`` continues at noise precision :math:`1/\sigma^2` = ``precision``.
 
-        Its Gram columns and :math:`x_j^\top W x_j` scale with the precision; :math:`A^{-1}` is the inverse of
-        :math:`A = X_\gamma^\top W X_\gamma + \lambda I`, read off the whole Gram matrix over the model's
-        columns (the empty slots' rows and columns stay zero), and :math:`q` follows from both: no product with
-        ``X`` and no gather of its columns.
+        Its working response, Gram rows, :math:`A^{-1}` and :math:`q` are recomputed (:meth:`refresh`): with the
+        whole Gram matrix cached that reads the model's rows of it, :math:`O(pk)`, no product with ``X``.
         """
-        ratio = precision / self.noise_precision[c]
         self.noise_precision[c] = precision
         self.u[c] = self.u0 * precision
-        if not self.full_gram:
-            self.refresh(torch.tensor([c], device=self.device))
-            return
-        self.Gt[c] *= ratio
-        self.d[c] *= ratio
-        pos, cols = self.slots(c)
-        a = precision * self.cache[cols[:, None], cols]
-        a.diagonal().add_(self.prior_precision(pos))
-        inv = torch.cholesky_inverse(torch.linalg.cholesky(a))
-        self.ainv[c].zero_()  # the empty slots' rows and columns are zero
-        self.ainv[c, pos[:, None], pos[None, :]] = inv
-        gram = self.Gt[c, pos]
-        self.q[c] = ((inv @ gram) * gram).sum(0)
+        self.refresh(torch.tensor([c], device=self.device))
 
 
 def _polya_gamma_sampler(backend, device):
