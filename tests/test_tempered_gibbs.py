@@ -146,6 +146,17 @@ def test_state_prior_precisions_are_exact_in_float64():
     assert out.tolist() == [1.0 / 10.0**2, 1.0 / 0.3**2, 1.0 / 0.3**2]
 
 
+def test_the_whole_gram_matrix_only_where_it_pays():
+    """X^T X is computed whole up to FULL_GRAM_MAX columns and FULL_GRAM_FLOPS multiply-adds, not beyond."""
+    from l0bayes.inference.tempered_gibbs import FULL_GRAM_FLOPS, FULL_GRAM_MAX, full_gram_pays
+
+    assert full_gram_pays(1000, 1000) and full_gram_pays(1, FULL_GRAM_MAX)
+    assert not full_gram_pays(1, FULL_GRAM_MAX + 1)
+    p = 1000
+    n = int(FULL_GRAM_FLOPS // p**2)
+    assert full_gram_pays(n, p) and not full_gram_pays(n + 1, p)
+
+
 def test_a_given_gram_matrix_is_checked(correlated_gaussian):
     x, y, _ = correlated_gaussian
     xt, yt = torch.tensor(x), torch.tensor(y)
