@@ -1,13 +1,18 @@
 """The argument checks of :func:`~l0bayes.inference.train`, in one table."""
 
 import math
+import numbers
 
+import numpy as np
 import torch
 
 from .._checks import check_seed
 from ..threads import choose_threads
+from .batches import is_iterator
+from .callbacks.base import Callback
 from .compiled import requirement_error
 from .graphed import GRAPH_REQUIREMENT
+from .objectives import DUAL_RESTARTS, FINAL_PHASE, RANK, WAIT
 
 __all__ = ["OBJECTIVES", "check_arguments"]
 
@@ -15,8 +20,71 @@ OBJECTIVES = ("bayes", "penalized", "constrained")
 RANKS = ("log_alpha", "norm")  # the constrained objective's ranking of groups (objectives.RANKS)
 
 
+#: The constrained objective's settings and their defaults: other objectives have no use for them.
+CONSTRAINED_ONLY = {
+    "target_density": None,
+    "target_flops": None,
+    "per_layer": False,
+    "rank": RANK,
+    "arrival": WAIT,
+    "multiplier_lr": None,
+    "dual_restarts": DUAL_RESTARTS,
+    "final_phase": FINAL_PHASE,
+}
+
+
 def _is_number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) or (torch.is_tensor(v) and v.numel() == 1)
+    """A real number: a Python or numpy int or float (not a bool), or a real tensor of one element."""
+    if torch.is_tensor(v):
+        return v.numel() == 1 and not v.is_complex() and v.dtype != torch.bool
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _whole(v, low):
+    """``v`` (a number) is a whole number ``>= low``: an int, or a float such as ``3.0`` (not infinity)."""
+    f = float(v)
+    return math.isfinite(f) and f == math.floor(f) and f >= low
+
+
+def _count_rules(name, low):
+    """The two rules of a count such as ``epochs``: a number (else a ``TypeError``), whole and ``>= low``."""
+    message = f"{name} must be a whole number >= {low}, got {{{name}!r}}"
+    return (
+        (lambda a: True, lambda a: _is_number(a[name]), message, TypeError),
+        (lambda a: True, lambda a: _whole(a[name], low), message),
+    )
+
+
+def _fractions_kind(v):
+    """A target's kind: a number, a list or tuple of numbers (one per layer), or a real tensor or array (not bools)."""
+    if isinstance(v, (list, tuple)):
+        return len(v) > 0 and all(_is_number(e) for e in v)
+    if torch.is_tensor(v):
+        return v.numel() >= 1 and not v.is_complex() and v.dtype != torch.bool
+    if isinstance(v, np.ndarray):
+        return v.size >= 1 and v.dtype.kind in "iuf"
+    return _is_number(v)
+
+
+def _is_default(value, default):
+    """Whether a constrained setting keeps its default (``per_layer=0`` does; a tensor target never does)."""
+    if value is default:
+        return True
+    if default is None or torch.is_tensor(value) or isinstance(value, (list, tuple, np.ndarray)):
+        return False
+    try:
+        return bool(value == default)
+    except (TypeError, ValueError):
+        return False
+
+
+def _set_apart(a):
+    """The constrained settings given to another objective, as ``name=value`` phrases."""
+    return [f"{k}={a[k]!r}" for k, default in CONSTRAINED_ONLY.items() if not _is_default(a[k], default)]
+
+
+def _pair_of_numbers(v):
+    return isinstance(v, (tuple, list)) and len(v) == 2 and all(_is_number(e) for e in v)
 
 
 def _finite_positive(v):
@@ -34,8 +102,22 @@ def _threads_ok(v):
 def _density_ok(v):
     if v is None:
         return False
-    t = torch.as_tensor(v, dtype=torch.float64)
+    t = torch.as_tensor(v, dtype=torch.float64) if not torch.is_tensor(v) else v.detach().double()
     return t.numel() >= 1 and bool(((t > 0) & (t <= 1)).all())
+
+
+def _density_rules(name):
+    """The rules of a constrained target (``target_density``, ``target_flops``) when it is given."""
+    given = lambda a: a["objective"] == "constrained" and a[name] is not None  # noqa: E731
+    return (
+        (
+            given,
+            lambda a: _fractions_kind(a[name]),
+            f"{name} must be a number in (0, 1] (or with per_layer=True one per gated layer), got {{{name}!r}}",
+            TypeError,
+        ),
+        (given, lambda a: _density_ok(a[name]), f"constrained training needs {name} in (0, 1], got {{{name}!r}}"),
+    )
 
 
 def _fused_loss_flag(name, requirement):
@@ -51,7 +133,7 @@ def _fused_loss_flag(name, requirement):
 
 
 # Every argument check of train() in one place: (applies when, holds when, message: a template or a function of
-# the arguments). `a` holds the arguments.
+# the arguments[, error type: ValueError unless given]). `a` holds the arguments.
 _ARGUMENT_RULES = (
     (
         lambda a: True,
@@ -59,20 +141,44 @@ _ARGUMENT_RULES = (
         "objective must be one of {OBJECTIVES}, got {objective!r}",
     ),
     (
-        lambda a: True,
-        lambda a: _is_number(a["epochs"]) and int(a["epochs"]) >= 0,
-        "epochs must be >= 0, got {epochs!r}",
+        lambda a: a["objective"] in OBJECTIVES and a["objective"] != "constrained",
+        lambda a: not _set_apart(a),
+        lambda a: (
+            f"{', '.join(_set_apart(a))}: only objective='constrained' trains to a target, and "
+            f"objective={a['objective']!r} would ignore it; pass objective='constrained' or leave "
+            f"{' and '.join(p.split('=')[0] for p in _set_apart(a))} out"
+        ),
     ),
-    (
-        lambda a: True,
-        lambda a: _is_number(a["batch_size"]) and int(a["batch_size"]) >= 1,
-        "batch_size must be >= 1, got {batch_size!r}",
-    ),
+    *_count_rules("epochs", 0),
+    *_count_rules("batch_size", 1),
     (lambda a: True, lambda a: _finite_positive(a["lr"]), "lr must be a finite number > 0, got {lr!r}"),
+    *_count_rules("record_every", 1),
     (
-        lambda a: True,
-        lambda a: _is_number(a["record_every"]) and int(a["record_every"]) >= 1,
-        "record_every must be >= 1, got {record_every!r}",
+        lambda a: is_iterator(a["x"]),
+        lambda a: _whole(a["epochs"], 0) and float(a["epochs"]) <= 1,
+        lambda a: (
+            f"x is an iterator ({type(a['x']).__name__}), used up by one epoch, but epochs={a['epochs']!r}: pass "
+            "an iterable that can be iterated once per epoch (a list of (x, y) batches, a DataLoader), or epochs=1"
+        ),
+    ),
+    (
+        lambda a: a["num_data"] is not None,
+        lambda a: _is_number(a["num_data"]),
+        "num_data must be a whole number >= 1 (or None), got {num_data!r}",
+        TypeError,
+    ),
+    (
+        lambda a: a["num_data"] is not None,
+        lambda a: _whole(a["num_data"], 1),
+        "num_data must be a whole number >= 1 (or None), got {num_data!r}",
+    ),
+    (
+        lambda a: a["num_data"] is not None and torch.is_tensor(a["x"]) and a["x"].dim() >= 1,
+        lambda a: float(a["num_data"]) == a["x"].shape[0],
+        lambda a: (
+            f"num_data={a['num_data']!r} but x holds {a['x'].shape[0]} rows: with tensors the number of training "
+            "examples is x's; num_data= is for an iterable of batches (leave it None)"
+        ),
     ),
     (
         lambda a: a["objective"] == "constrained",
@@ -80,16 +186,8 @@ _ARGUMENT_RULES = (
         "constrained training needs one of target_density (a fraction of the parameters) and target_flops "
         "(a fraction of the FLOPs), got target_density={target_density!r}, target_flops={target_flops!r}",
     ),
-    (
-        lambda a: a["objective"] == "constrained" and a["target_flops"] is None,
-        lambda a: _density_ok(a["target_density"]),
-        "constrained training needs target_density in (0, 1], got {target_density!r}",
-    ),
-    (
-        lambda a: a["objective"] == "constrained" and a["target_flops"] is not None,
-        lambda a: _density_ok(a["target_flops"]),
-        "constrained training needs target_flops in (0, 1], got {target_flops!r}",
-    ),
+    *_density_rules("target_density"),
+    *_density_rules("target_flops"),
     (
         lambda a: a["objective"] == "constrained" and a["arrival"] is not None,
         lambda a: _is_number(a["arrival"]) and 0 <= float(a["arrival"]) < math.inf,
@@ -114,8 +212,24 @@ _ARGUMENT_RULES = (
     ),
     (
         lambda a: a["log_alpha_range"] is not None,
-        lambda a: len(a["log_alpha_range"]) == 2 and float(a["log_alpha_range"][0]) < float(a["log_alpha_range"][1]),
+        lambda a: _pair_of_numbers(a["log_alpha_range"]),
+        "log_alpha_range must be a pair (low, high) of numbers, e.g. (math.log(0.01), math.log(100)), or None, "
+        "got {log_alpha_range!r}",
+        TypeError,
+    ),
+    (
+        lambda a: a["log_alpha_range"] is not None,
+        lambda a: float(a["log_alpha_range"][0]) < float(a["log_alpha_range"][1]),
         "log_alpha_range must be (low, high) with low < high, got {log_alpha_range!r}",
+    ),
+    (
+        lambda a: a["callbacks"] is not None,
+        lambda a: not isinstance(a["callbacks"], (Callback, str, bytes)) and _iterable(a["callbacks"]),
+        lambda a: (
+            f"callbacks must be a list of Callback objects (or None), got {type(a['callbacks']).__name__}"
+            + (": put it in a list, callbacks=[...]" if isinstance(a["callbacks"], Callback) else "")
+        ),
+        TypeError,
     ),
     (
         lambda a: a["ema_decay"] is not None,
@@ -182,12 +296,16 @@ def _iterable(x):
 
 def check_arguments(args, x, y):
     """Raise the first failed rule of :data:`_ARGUMENT_RULES` and :data:`_DATA_RULES`."""
-    for applies, holds, message in _ARGUMENT_RULES:
+    for applies, holds, message, *error in _ARGUMENT_RULES:
         if applies(args) and not holds(args):
-            raise ValueError(
+            raise (error[0] if error else ValueError)(
                 message(args) if callable(message) else message.format(OBJECTIVES=OBJECTIVES, RANKS=RANKS, **args)
             )
     args["seed"] = check_seed(args["seed"])  # (torch.manual_seed raised "Overflow when unpacking long long")
+    for name in ("epochs", "batch_size", "record_every", "num_data"):  # whole numbers as Python ints
+        if args[name] is not None:
+            args[name] = int(args[name]) if isinstance(args[name], numbers.Integral) else int(float(args[name]))
+    args["callbacks"] = () if args["callbacks"] is None else args["callbacks"]
     for holds, error, message in _DATA_RULES:
         if not holds(x, y):
             raise error(message)

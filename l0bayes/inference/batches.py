@@ -5,6 +5,7 @@ checkpoint needs to continue the same sequence of minibatches.
 """
 
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -51,21 +52,41 @@ class TensorBatches:
 
 
 class IterableBatches:
-    """The ``(x, y)`` batches of an iterable that can be iterated once per epoch (e.g. a ``DataLoader``).
+    """The ``(x, y)`` batches of an iterable of batches (e.g. a ``DataLoader``), checked as they stream.
 
     Its order and augmentation are its own. A ``DataLoader`` that shuffles without a ``generator`` of its
     own draws each epoch's order from torch's global random state, which a checkpoint restores, so a
     resumed run sees the same batches as the straight one (with ``num_workers=0``; workers seed their
     own streams from it too). A ``sampler`` with ``set_epoch`` (``DistributedSampler``) is told the epoch.
 
+    Every batch is checked against the model (``check``, a :class:`~l0bayes.inference.data_checks.DataCheck`)
+    before the step that uses it, and each epoch is one pass: an iterable with a length (a ``DataLoader``)
+    yields at most ``len(data)`` batches, one without a length at most ``num_data`` examples (so an endless
+    iterable such as ``itertools.cycle`` is an error, not a run that never ends), and at least one batch.
+
+    An iterable that can be iterated once per epoch (a ``DataLoader``, a list of batches) also gives the full
+    record's fixed training examples, its first batches, from a pass of its own before training. An iterator
+    (a generator, ``iter(batches)``: exhausted after one pass) trains one epoch, and the full record takes its
+    first batches as they stream: nothing is consumed that is not trained on.
+
     :param num_data: the number of training examples ``N`` (the data term is scaled by ``N/B``);
-        by default ``len(data.dataset)`` or ``len(data)``.
+        by default ``len(data.dataset)``.
+    :param check: ``check(x, y, names) -> (x, y)``, the checks of one batch (by default none).
     """
 
-    def __init__(self, data, num_data=None):
+    def __init__(self, data, num_data=None, check=None):
         self.data = data
+        self.check = check
+        self.one_shot = is_iterator(data)
+        self.steps_per_epoch = None if self.one_shot else _length(data)
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"the training data is empty: x ({type(data).__name__}) yields no batches (its len() is 0)"
+            )
         if num_data is None:
             num_data = _length(getattr(data, "dataset", None))
+            if num_data == 0:
+                raise ValueError(f"the training data is empty: x ({type(data).__name__}) has an empty dataset")
         if num_data is None:
             raise ValueError(
                 "train() with an iterable of batches needs num_data= (the number of training examples), "
@@ -74,24 +95,58 @@ class IterableBatches:
         if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
             raise ValueError(f"num_data must be a positive integer, got {num_data!r}")
         self.num_data = num_data
-        self.steps_per_epoch = _length(data)
         self.batch_size = None
+        self._streamed = _StreamedExamples() if self.one_shot else None
 
     def __call__(self, run):
         sampler = getattr(self.data, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(run.epoch)
-        for batch in self.data:
-            x, y = _pair(batch)
+        index = examples = 0
+        for index, batch in enumerate(self.data, 1):
+            where = f"batch {index} of x in epoch {run.epoch + 1}"
+            if self.steps_per_epoch is not None and index > self.steps_per_epoch:
+                raise ValueError(
+                    f"x yielded more batches in epoch {run.epoch + 1} than its len(), {self.steps_per_epoch}: "
+                    "an epoch is one pass over an iterable"
+                )
+            x, y = self._checked(batch, where)
+            examples += x.shape[0]
+            if self.steps_per_epoch is None and examples > self.num_data:
+                raise ValueError(
+                    f"x yielded more than num_data={self.num_data} examples in epoch {run.epoch + 1} ({examples} "
+                    f"by {where}): an epoch of an iterable without a length is one pass over at most num_data "
+                    "examples (an endless iterable such as itertools.cycle never ends one); give the number of "
+                    "training examples as num_data, or the iterable a len() (its batches per epoch)"
+                )
+            if self._streamed is not None:
+                self._streamed.keep(x, y)
             yield x.to(run.device), y.to(run.device)
+        if index == 0:
+            again = " (an iterable must yield its batches anew every epoch)" if run.epoch else ""
+            raise ValueError(f"the training data is empty: x yielded no batches in epoch {run.epoch + 1}{again}")
+
+    def _checked(self, batch, where):
+        """The batch as ``(x, y)`` on the model's terms, or a clear error naming it."""
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise TypeError(f"{where} must be a pair (x, y), got {type(batch).__name__}")
+        if self.check is None:
+            return batch[0], batch[1]
+        return self.check(batch[0], batch[1], (f"the x of {where}", f"the y of {where}"))
 
     def record_subset(self):
-        """The first batches, up to 1000 examples, taken without touching torch's random state."""
+        """The full record's fixed training examples: the first batches, up to 1000 examples.
+
+        Of an iterable, from a pass of their own, taken without touching torch's random state; of an iterator,
+        the first batches of its one epoch, kept as they stream (a pair that is complete after that epoch).
+        """
+        if self._streamed is not None:
+            return self._streamed
         xs, ys, count = [], [], 0
         state = torch.get_rng_state()
         try:
-            for batch in self.data:
-                x, y = _pair(batch)
+            for index, batch in enumerate(self.data, 1):
+                x, y = self._checked(batch, f"batch {index} of x")
                 xs.append(x)
                 ys.append(y)
                 count += x.shape[0]
@@ -100,7 +155,7 @@ class IterableBatches:
         finally:
             torch.set_rng_state(state)
         if not xs:
-            raise ValueError("the training data is empty (the iterable gave no batch)")
+            raise ValueError("the training data is empty: x yielded no batches")
         return torch.cat(xs), torch.cat(ys)
 
     def state_dict(self):
@@ -110,13 +165,46 @@ class IterableBatches:
         pass
 
 
-def make_batches(x, y, batch_size, seed, ddp, num_data=None):
-    """:class:`TensorBatches` for tensors ``x, y``; :class:`IterableBatches` for an iterable ``x`` (``y=None``)."""
+class _StreamedExamples:
+    """The full record's training examples of an iterator: copies of its first batches, up to 1000 examples,
+    kept as its one epoch streams; unpacks as the pair ``(x, y)`` once that epoch has yielded a batch."""
+
+    def __init__(self):
+        self.xs, self.ys, self.count = [], [], 0
+
+    def keep(self, x, y):
+        if self.count < RECORD_EXAMPLES:
+            self.xs.append(x.detach().clone())
+            self.ys.append(y.detach().clone())
+            self.count += x.shape[0]
+
+    def __iter__(self):
+        if not self.xs:
+            raise RuntimeError("the full record's training examples are kept as the first epoch streams: none yet")
+        return iter((torch.cat(self.xs), torch.cat(self.ys)))
+
+    def __len__(self):
+        return 2
+
+
+def make_batches(x, y, batch_size, seed, ddp, num_data=None, check=None):
+    """:class:`TensorBatches` for tensors ``x, y``; :class:`IterableBatches` for an iterable ``x`` (``y=None``).
+
+    :param check: ``check(x, y, names) -> (x, y)``, the checks of every batch of an iterable as it streams.
+    """
     if torch.is_tensor(x):
         return TensorBatches(x, y, batch_size, seed, ddp)
     if y is not None:
         raise ValueError("with an iterable of (x, y) batches as data, leave y=None (the batches hold the targets)")
-    return IterableBatches(x, num_data)
+    return IterableBatches(x, num_data, check)
+
+
+def is_iterator(data):
+    """Whether ``data`` is an iterator (a generator, ``iter(...)``, ``itertools.cycle``): exhausted after one pass.
+
+    Read from its type (``__next__``), without iterating it (which would start a ``DataLoader``'s workers).
+    """
+    return isinstance(data, Iterator)
 
 
 def _resident(x, y, device):
@@ -129,12 +217,6 @@ def _resident(x, y, device):
         return x.to(device), y.to(device)
     except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError from torch 2.5 on)
         return x, y
-
-
-def _pair(batch):
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise TypeError(f"each batch must be a pair (x, y), got {type(batch).__name__}")
 
 
 def _length(obj):

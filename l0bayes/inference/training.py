@@ -27,7 +27,7 @@ from .callbacks import (
     ProgressBar,
 )
 from .compiled import CompiledStep
-from .data_checks import check_data
+from .data_checks import DataCheck, check_data
 from .device import resolve_device
 from .distributed import DataParallelContext, seed_everything
 from .errors import NonFiniteLossError
@@ -235,9 +235,7 @@ def _fit(model, x, y, arguments, ddp):
     """Build the run of ``train``'s ``arguments`` on ``ddp.device`` (the model is there), resume it if asked,
     and train it; returns the :class:`~l0bayes.inference.loop.Run`."""
     run, settings = _build_run(model, x, y, arguments, ddp)
-    subset = run.batches.record_subset()  # the full record's fixed training examples
-    if not torch.is_tensor(x):  # batches of an iterable: the first ones are checked like tensors in memory
-        check_data(model, *subset, ("the first batches' x", "the first batches' y"))
+    subset = run.batches.record_subset()  # the full record's fixed training examples (an iterable's: checked)
     path = arguments["checkpoint"]
     checkpointing = Checkpointing(path, ddp, settings) if path is not None else None
     run.callbacks = _callbacks(run, arguments, checkpointing, subset)
@@ -263,7 +261,7 @@ def _test_data(model, test_data):
 
 def _build_run(model, x, y, a, ddp):
     """The :class:`~l0bayes.inference.loop.Run` of ``train``'s arguments ``a``, and the run's signature."""
-    batches = make_batches(x, y, a["batch_size"], a["seed"], ddp, a["num_data"])
+    batches = make_batches(x, y, a["batch_size"], a["seed"], ddp, a["num_data"], DataCheck(model))
     optimizer, schedule, settings = _build_optimizer(model, a["lr"], a["optimizer"], a["scheduler"])
     gate_step = settings.pop("gate_lr")  # not part of the signature: the optimiser's description holds it
     multiplier_lr = MULTIPLIER_LR_PER_LR * gate_step if a["multiplier_lr"] is None else a["multiplier_lr"]

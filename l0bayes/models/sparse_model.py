@@ -1,6 +1,7 @@
 """Any gated network with any loss, trained under Eq. 21, Eq. 22 or a target density."""
 
 import pyro
+import torch
 from torch import nn
 
 from .._checks import NON_NEGATIVE, PROBABILITY, check_args
@@ -124,8 +125,15 @@ class SparseModel(nn.Module):
         return self._prior(gate.temperature, gate.lower, gate.upper, gate.log_alpha)
 
     def data_term(self, output, y, num_data):
-        """``num_data * loss_fn(output, y)``: the data term of Eq. 21/22 for a minibatch, in nats."""
-        return self.loss_fn(output, y) * num_data
+        """``num_data * loss_fn(output, y)``: the data term of Eq. 21/22 for a minibatch, in nats.
+
+        :raises TypeError, ValueError: naming ``loss_fn`` when it returns anything but a floating-point scalar
+            tensor, or (while the network's output takes gradients) one detached from the output, which would
+            leave the weights untrained.
+        """
+        loss = self.loss_fn(output, y)
+        _check_loss(self.loss_fn, loss, output)
+        return loss * num_data
 
     def model(self, x, y=None, num_data=None):
         num_data = x.shape[0] if num_data is None else int(num_data)
@@ -165,6 +173,35 @@ class SparseModel(nn.Module):
         """Eq. 22 in nats: ``(num_data * mean loss, code cost)`` (one gate sample per call)."""
         output, log_alphas = self._forward_sampled(x)
         return self.data_term(output, y, num_data), self.code_cost(log_alphas)
+
+
+def _check_loss(loss_fn, loss, output):
+    """A clear error for a ``loss_fn`` result the data term cannot use (checked from its type, shape and flags:
+    nothing is read from the device)."""
+    name = f"loss_fn ({_describe(loss_fn)})"
+    if not torch.is_tensor(loss) or not loss.is_floating_point():
+        got = f"a {loss.dtype} tensor" if torch.is_tensor(loss) else type(loss).__name__
+        raise TypeError(
+            f"{name} must return the mean loss over the minibatch as a floating-point scalar tensor computed from "
+            f"the output, got {got}"
+        )
+    if loss.dim() != 0:
+        raise ValueError(
+            f"{name} must return the mean loss over the minibatch, a scalar tensor, got shape {tuple(loss.shape)} "
+            "(a loss with reduction='none'? take its mean, or use reduction='mean')"
+        )
+    if output.requires_grad and torch.is_grad_enabled() and not loss.requires_grad:
+        raise ValueError(
+            f"{name} returned a tensor detached from the network's output (requires_grad=False): the weights would "
+            "never train; compute it from the output with torch operations, without .detach(), .item(), "
+            "torch.no_grad() or a new torch.tensor(...)"
+        )
+
+
+def _describe(fn):
+    """A function's name for a message: ``cross_entropy``, ``CrossEntropyLoss()``, ``<lambda>``."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else f"{type(fn).__name__}()"
 
 
 def _layer_name(gate_name):
