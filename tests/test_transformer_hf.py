@@ -42,6 +42,66 @@ def _bert(seed=0):
     return transformers.BertModel(config, add_pooling_layer=False).eval()
 
 
+def _llama_config(cls=None, **kwargs):
+    cls = cls or transformers.LlamaConfig
+    base = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                vocab_size=VOCAB, max_position_embeddings=T, use_cache=False)  # fmt: skip
+    return cls(**{**base, **kwargs})
+
+
+#: Every family of the guide's table: a tiny model with random weights (nothing downloaded).
+FAMILIES = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=VOCAB, n_positions=T, n_embd=32, n_layer=2, n_head=4, n_inner=48, use_cache=False
+        )
+    ),  # fmt: skip
+    "bert": lambda: transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=48,
+            max_position_embeddings=T,
+        ),
+        add_pooling_layer=False,
+    ),  # fmt: skip
+    "llama": lambda: transformers.LlamaForCausalLM(_llama_config()),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(_llama_config(transformers.Qwen2Config)),
+    "mistral": lambda: transformers.MistralForCausalLM(
+        _llama_config(transformers.MistralConfig, num_key_value_heads=1)
+    ),  # fmt: skip
+    "opt": lambda: transformers.OPTForCausalLM(
+        transformers.OPTConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            ffn_dim=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            word_embed_proj_dim=32,
+            max_position_embeddings=T,
+        )
+    ),  # fmt: skip
+    "gpt_neox": lambda: transformers.GPTNeoXForCausalLM(
+        transformers.GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=T,
+            use_cache=False,
+        )
+    ),  # fmt: skip
+}
+
+
+def _family(name, seed=0):
+    torch.manual_seed(seed)
+    return FAMILIES[name]().eval()
+
+
 def _out(model, x):
     out = model(x)
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
@@ -151,3 +211,83 @@ def test_constrained_training_of_gpt2_reaches_its_target():
     assert network_size(gated).fraction("parameters", "test") == pytest.approx(fraction)
     with torch.no_grad():
         assert torch.allclose(pruned(x[:4]).logits, gated(x[:4]).logits, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------- the families
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("seed", range(2))
+def test_every_family_prunes_to_the_gated_model(family, seed):
+    """Gated with no names; random gates, and (seed 0) the first block's attention branch closed (a ZeroBranch
+    called as the layer calls its attention: by keyword in Llama and OPT); pruned equals gated within 1e-5 of the
+    logits' scale, and the exact count is the pruned model's."""
+    gated = sparsify_transformer(_family(family, seed), example_inputs=_ids())
+    _random_gates(gated, seed)
+    if seed == 0:
+        with torch.no_grad():
+            gated.get_submodule(gated._l0_transformer[0].name).l0_attention.gate.log_alpha.fill_(-8.0)
+    gated.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a non-uniform result keeps its config, and says so
+        pruned = prune(gated)
+    x = _ids(3, seed=seed + 7)
+    with torch.no_grad():
+        a, b = _out(gated, x), _out(pruned, x)
+    assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+    assert network_size(gated).parameters("test") == count_parameters(pruned) < count_parameters(gated)
+    if seed == 0:
+        assert sum(isinstance(m, ZeroBranch) for m in pruned.modules()) >= 1
+
+
+def test_zero_branch_takes_any_call_of_the_module_it_replaces():
+    x = torch.randn(2, 5, 8)
+    out, weights = ZeroBranch(pair=True)(hidden_states=x, attention_mask=None, position_embeddings=(x, x))
+    assert weights is None and torch.equal(out, torch.zeros_like(x))
+    assert ZeroBranch(features=3)(x, None).shape == (2, 5, 3)
+    with pytest.raises(TypeError, match="no tensor input"):
+        ZeroBranch()(attention_mask=None)
+
+
+def test_grouped_query_attention_is_gated_by_key_value_group():
+    """Llama with 4 query heads and 2 key-value heads: one head gate per key-value group (2 query heads and their
+    key-value head); closing group 0 keeps query heads 2, 3 and key-value head 1, a valid grouped-query layout."""
+    gated = sparsify_transformer(_family("llama"), example_inputs=_ids())
+    layer = gated.model.layers[0]
+    assert layer.l0_heads.gate.num_gates == 2 and layer.l0_units.gate.num_gates == 48
+    assert gated._l0_transformer[0].up == ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"]
+    with torch.no_grad():
+        for _, gate in gates_of(gated):
+            gate.log_alpha.fill_(20.0)
+        layer.l0_heads.gate.log_alpha.copy_(torch.tensor([-20.0, 20.0]))
+    original = _family("llama")
+    pruned = prune(gated.eval())
+    attn = pruned.model.layers[0].self_attn
+    assert (attn.q_proj.out_features, attn.k_proj.out_features, attn.o_proj.in_features) == (16, 8, 16)
+    assert attn.num_key_value_groups == 2
+    with torch.no_grad():
+        assert torch.equal(attn.q_proj.weight, original.model.layers[0].self_attn.q_proj.weight[16:])
+        assert torch.equal(attn.k_proj.weight, original.model.layers[0].self_attn.k_proj.weight[8:])
+        assert torch.equal(attn.o_proj.weight, original.model.layers[0].self_attn.o_proj.weight[:, 16:])
+
+
+def test_t5_is_refused_with_what_to_do():
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=1, num_heads=4)
+    with pytest.raises(ValueError, match="T5-style blocks are not supported.*sparsify"):
+        sparsify_transformer(transformers.T5EncoderModel(config), example_inputs=_ids())
+
+
+def test_llama_final_cut_keeps_an_attention_branch():
+    """A target below what the branches hold: the final cut keeps one attention and one MLP branch of the Llama
+    (the constant part alone would be an embedding and a head), unless may_remove_all=True."""
+    from l0bayes.inference.objectives import _fit_groups
+
+    for allowed in (False, True):
+        gated = sparsify_transformer(_family("llama"), example_inputs=_ids(), may_remove_all=allowed)
+        size = network_size(gated)
+        scores = [g.log_alpha.detach().double() for g in size.gates]
+        masks = _fit_groups(size, size.gated, scores, "parameters", [size.const / size.dense_parameters], False)
+        names = [n for n, _ in gates_of(gated)]
+        kept = [n.split(".")[-2] for n, m in zip(names, masks, strict=True) if m.any() and "l0_" in n]
+        kept = sorted(k for k in kept if k in ("l0_attention", "l0_mlp"))
+        assert kept == ([] if allowed else ["l0_attention", "l0_mlp"])

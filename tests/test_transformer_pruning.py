@@ -370,19 +370,53 @@ def test_constrained_training_reaches_the_target_density():
         assert torch.allclose(pruned(x[:4]), gated(x[:4]), atol=1e-5)
 
 
-def test_final_phase_may_close_a_whole_branch():
-    """A target no head or unit can meet: the final phase closes the branch gates (layers are not kept open)."""
-    gated = _gpt(0)
+def _final_cut_to_the_constant(gated):
+    """The final cut at a target no head or unit can meet: only the parameters outside the branches."""
     size = network_size(gated)
     scores = [g.log_alpha.detach().double() for g in size.gates]
     target = size.const / size.dense_parameters + 1e-9
     masks = _fit_groups(size, size.gated, scores, "parameters", [target], False)
+    names = [n for n, _ in gates_of(gated)]
+    open_branches = [n for n, m in zip(names, masks, strict=True) if ("l0_attention" in n or "l0_mlp" in n) and m.any()]
+    return size, masks, target, open_branches
+
+
+def test_final_phase_may_close_a_whole_branch_but_not_every_one():
+    """A target no head or unit can meet: the final phase closes branch gates, but keeps the best-scored attention
+    branch and the best-scored MLP branch of the model open (a model without attention is not a missed target's
+    side effect)."""
+    gated = _gpt(0)
+    with torch.no_grad():
+        gated.blocks[1].l0_attention.gate.log_alpha.fill_(3.0)  # the best-scored attention branch
+        gated.blocks[0].l0_mlp.gate.log_alpha.fill_(3.0)  # the best-scored MLP branch
+    size, masks, target, open_branches = _final_cut_to_the_constant(gated)
+    assert open_branches == ["blocks.0.l0_mlp.gate", "blocks.1.l0_attention.gate"]
+    assert size.fraction_at({id(la): m.double() for la, m in zip(size.gated, masks, strict=True)})[0] > target
+    pruned = prune(_with_masks(gated, size, masks))
+    assert not isinstance(pruned.blocks[1].attn, ZeroBranch) and isinstance(pruned.blocks[0].attn, ZeroBranch)
+    assert not isinstance(pruned.blocks[0].mlp, ZeroBranch) and isinstance(pruned.blocks[1].mlp, ZeroBranch)
+
+
+def test_final_phase_closes_every_branch_when_allowed():
+    gated = _gpt(0, may_remove_all=True)
+    size, masks, target, open_branches = _final_cut_to_the_constant(gated)
+    assert open_branches == []
     values = {id(layer): m.double() for layer, m in zip(size.gated, masks, strict=True)}
     assert size.fraction_at(values)[0] <= target
-    names = [n for n, _ in gates_of(gated)]
-    assert not any(bool(m.any()) for n, m in zip(names, masks, strict=True) if "l0_attention" in n or "l0_mlp" in n)
-    pruned = prune(_with_masks(gated, size, masks))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # allowed: no warning
+        pruned = prune(_with_masks(gated, size, masks))
     assert count_parameters(pruned) == size.const
+
+
+def test_prune_warns_when_the_gates_close_every_attention_branch():
+    gated = _gpt(0)
+    with torch.no_grad():
+        for block in gated.blocks:
+            block.l0_attention.gate.log_alpha.fill_(-50.0)
+    with pytest.warns(UserWarning, match="close the attention branch of every block .2.*may_remove_all=True"):
+        pruned = prune(gated.eval())
+    assert all(isinstance(block.attn, ZeroBranch) for block in pruned.blocks)
 
 
 def _with_masks(gated, size, masks):

@@ -521,7 +521,9 @@ def _fit_groups(size, layers, scores, what, targets, per_layer):
 
     The best-scored group of every layer is kept first, whatever the target (an empty layer would
     disconnect the network), except in layers whose gates may all close (``may_close_all``: the gate of a
-    residual branch, :class:`~l0bayes.pruning.LayerGate`); then each group in order of score is kept if every
+    residual branch, :class:`~l0bayes.pruning.LayerGate`), of which the best-scored of each ``keep_one_of`` kind
+    is kept (one attention branch and one MLP branch, unless the user allowed removing them all); then each group
+    in order of score is kept if every
     constrained fraction of the pruned model (counted exactly, :class:`~l0bayes.pruning.NetworkSize`) is still at
     most its target. With one
     target per layer the layers are filled from the last to the first (a layer's count depends on how many of
@@ -531,6 +533,13 @@ def _fit_groups(size, layers, scores, what, targets, per_layer):
     for m, s, layer in zip(masks, scores, layers, strict=True):
         if not getattr(layer, "may_close_all", False):  # e.g. a residual branch's gate may close
             m[int(s.argmax())] = 1.0
+    kinds = {}  # layers of which one must stay open (keep_one_of: e.g. the attention branches of a transformer)
+    for k, layer in enumerate(layers):
+        if getattr(layer, "keep_one_of", None) is not None:
+            kinds.setdefault(layer.keep_one_of, []).append(k)
+    for ks in kinds.values():
+        best = max(ks, key=lambda k: (float(scores[k].max()), -k))
+        masks[best][int(scores[best].argmax())] = 1.0
     entries = [(float(v), k, i) for k, s in enumerate(scores) for i, v in enumerate(s.tolist())]
     if per_layer:  # a layer's count also depends on the next one's gates: fill from the output back
         order = sorted(entries, key=lambda t: (-t[1], -t[0], t[2]))

@@ -8,6 +8,9 @@ from torch import nn
 from ..sparsify import _as_tuple, _probe_forward, is_sparsified
 from .attention import _ExplicitMultiheadAttention, _GatedTransformerEncoderLayer
 from .blocks import (
+    ATTENTION_NAMES,
+    MLP_NAMES,
+    Block,
     _attention_modules,
     _attentions,
     _auto_blocks,
@@ -22,7 +25,16 @@ from .projections import features
 
 
 def sparsify_transformer(
-    model, blocks=None, *, example_inputs, heads=True, units=True, layers=True, inplace=False, **gate_kwargs
+    model,
+    blocks=None,
+    *,
+    example_inputs,
+    heads=True,
+    units=True,
+    layers=True,
+    may_remove_all=False,
+    inplace=False,
+    **gate_kwargs,
 ):
     r"""Attach head, unit and branch gates to the blocks of a transformer; returns the gated model.
 
@@ -37,43 +49,97 @@ def sparsify_transformer(
     :param bool heads: attach a :class:`HeadGate` ``l0_heads`` to every block.
     :param bool units: attach a :class:`UnitGate` ``l0_units`` to every block.
     :param bool layers: attach :class:`LayerGate` s ``l0_attention`` and ``l0_mlp`` to every block.
+    :param bool may_remove_all: whether the final cut of the constrained objective may close the attention
+        branch (or the MLP branch) of every block, and :func:`~l0bayes.pruning.prune` may remove them all without
+        a warning. Default ``False``: the final cut keeps the best-scored branch of each kind open whatever the
+        target, and ``prune`` warns when the gates close every one.
     :param inplace: modify ``model`` itself instead of a deep copy.
     :param gate_kwargs: ``init_drop_rate``, ``temperature``, ``lower``, ``upper``, ``init_std`` of every gate.
     :returns: the gated model, in the training mode ``model`` was in; its gates are listed by
         :func:`~l0bayes.nn.gates_of` as ``"<block>.l0_heads.gate"``, ``"<block>.l0_units.gate"``, ...
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    for key, value in (("heads", heads), ("units", units), ("layers", layers), ("may_remove_all", may_remove_all)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{key} must be True or False, got {value!r}")
     if not (heads or units or layers):
         raise ValueError("heads, units and layers are all False: nothing to gate")
-    if example_inputs is None:
-        raise ValueError("sparsify_transformer needs example_inputs (a batch the model accepts)")
+    example_inputs = _check_example_inputs(example_inputs)
     if is_sparsified(model) or is_transformer_gated(model):
         raise ValueError("the model already has gates")
+    names = _check_blocks(blocks)
     if not inplace:
         model = copy.deepcopy(model)
-    names = _auto_blocks(model) if blocks is None else list(blocks)
+    names = _auto_blocks(model) if names is None else names
     if not names:
-        raise ValueError("no transformer block found; name them with blocks=[...]")
+        raise ValueError(
+            "no transformer block found by the default names (a module with an attention child such as "
+            f"{list(ATTENTION_NAMES)} and an MLP child such as {list(MLP_NAMES)}, or its own up and down "
+            "projections); name them with blocks=[...] or Block(...)"
+        )
     resolved = [_resolve(model, b) for b in names]
     seen = set()
     for r in resolved:
         if r.name in seen:
             raise ValueError(f"block {r.name!r} named twice")
         seen.add(r.name)
-    if layers:
-        _probe_outputs(model, resolved, _as_tuple(example_inputs))
+    _probe_outputs(model, resolved, example_inputs, layers)
     for r in resolved:
-        _attach_block(model, r, heads, units, layers, gate_kwargs)
+        _attach_block(model, r, heads, units, layers, gate_kwargs, may_remove_all)
     for m in model.modules():  # the nested-tensor fast path would skip the gates
         if isinstance(m, nn.TransformerEncoder):
             m.use_nested_tensor = False
     object.__setattr__(model, "_l0_transformer", resolved)
-    object.__setattr__(model, "_l0_example_inputs", tuple(t[:1].detach().clone() for t in _as_tuple(example_inputs)))
+    object.__setattr__(model, "_l0_example_inputs", tuple(t[:1].detach().clone() for t in example_inputs))
+    object.__setattr__(model, "_l0_may_remove_all", may_remove_all)
     return model
 
 
-def _probe_outputs(model, resolved, inputs):
+def _check_example_inputs(example_inputs):
+    """``example_inputs`` as a tuple of tensors, each with a batch dimension of at least one example."""
+    if example_inputs is None:
+        raise ValueError("sparsify_transformer needs example_inputs (a batch the model accepts, e.g. token ids)")
+    inputs = _as_tuple(example_inputs)
+    if not inputs:
+        raise ValueError("example_inputs is an empty tuple; give a batch the model accepts, e.g. token ids")
+    for i, t in enumerate(inputs):
+        where = f"example_inputs[{i}]" if isinstance(example_inputs, tuple) else "example_inputs"
+        if not torch.is_tensor(t):
+            raise TypeError(
+                f"{where} must be a tensor (example_inputs: a tensor or a tuple of tensors), got {type(t).__name__}"
+            )
+        if t.dim() == 0 or t.shape[0] == 0:
+            raise ValueError(
+                f"{where} must have a batch dimension with at least one example, got shape {tuple(t.shape)}"
+            )
+    return inputs
+
+
+def _check_blocks(blocks):
+    """``blocks`` as a list of names and :class:`Block` s (``None``: found by default)."""
+    if blocks is None:
+        return None
+    if isinstance(blocks, (str, Block)):
+        raise TypeError(
+            f"blocks must be a list of block names or Block(...)s, got {blocks!r}: write blocks=[{blocks!r}]"
+        )
+    try:
+        names = list(blocks)
+    except TypeError:
+        raise TypeError(f"blocks must be a list of block names or Block(...)s, got {type(blocks).__name__}") from None
+    if not names:
+        raise ValueError("blocks is empty; leave it None to gate every block found by the default names")
+    for b in names:
+        if not isinstance(b, (str, Block)):
+            raise TypeError(f"blocks: every entry must be a block name (a str) or a Block(...), got {b!r}")
+    return names
+
+
+def _probe_outputs(model, resolved, inputs, layers):
     """Fill in each block's ``outputs`` (what a :class:`ZeroBranch` in its attention's place must return) by one
-    forward pass; a ``ValueError`` where a gated module's output is neither a tensor nor a ``(tensor, ...)`` pair."""
+    forward pass; a ``ValueError`` where the model does not run on ``inputs``, or (with branch gates) where a gated
+    module's output is neither a tensor nor a ``(tensor, ...)`` pair."""
     seen = {}
 
     def hook(name):
@@ -89,8 +155,18 @@ def _probe_outputs(model, resolved, inputs):
         owner = r.heads_owner if r.branch_output == "projection" else r.attention
         watched[owner] = r
     handles = [model.get_submodule(n).register_forward_hook(hook(n)) for n in watched]
-    _probe_forward(model, inputs, handles)
+    try:
+        _probe_forward(model, inputs, handles)
+    except (RuntimeError, TypeError, ValueError, IndexError, AttributeError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        shapes = [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in inputs]
+        raise ValueError(
+            f"example_inputs: the model does not run on them ({type(err).__name__}: {first}); got {shapes}: give a "
+            "batch the model accepts (e.g. a (batch, length) tensor of token ids)"
+        ) from err
     for name, r in watched.items():
+        if not layers:
+            break
         output = seen.get(name)
         if torch.is_tensor(output):
             r.outputs = 0
@@ -104,7 +180,7 @@ def _probe_outputs(model, resolved, inputs):
             )
 
 
-def _attach_block(model, r, heads, units, layers, gate_kwargs):
+def _attach_block(model, r, heads, units, layers, gate_kwargs, may_remove_all=False):
     """The gates of one block, in the order heads, units, attention branch, MLP branch (then a decoder layer's
     cross-attention heads and branch): the order of :func:`~l0bayes.nn.gates_of`."""
     block = model.get_submodule(r.name)
@@ -115,39 +191,50 @@ def _attach_block(model, r, heads, units, layers, gate_kwargs):
             model.get_submodule(att.attention).__class__ = _ExplicitMultiheadAttention
     if heads:
         _attach_heads(model, block, r, gate_kwargs)
+    like = next((p for p in block.parameters() if p.is_floating_point()), None)
     if units:
         groups, per_unit = _unit_groups(model, r)
         down = model.get_submodule(r.down)
-        holder = UnitGate(features(down)[0], per_unit, **gate_kwargs)
+        holder = _like(UnitGate(features(down)[0], per_unit, **gate_kwargs), like)
         holder._groups = groups
         block.l0_units = holder
         down.register_forward_pre_hook(holder._gate_units)
     if layers:
-        _attach_attention_branch(model, block, r, gate_kwargs)
+        keep = None if may_remove_all else "attention"
+        _attach_attention_branch(model, block, r, gate_kwargs, like, keep)
         hooked = r.down if r.mlp_at_projection else r.mlp
-        _attach_branch(model, block, "l0_mlp", _mlp_modules(model, r), hooked, r.kind, gate_kwargs)
+        modules = _mlp_modules(model, r)
+        keep = None if may_remove_all else "mlp"
+        _attach_branch(model, block, "l0_mlp", modules, hooked, r.kind, gate_kwargs, like, keep)
     if r.cross is not None:
         if heads:
-            _attach_heads(model, block, r.cross, gate_kwargs)
+            _attach_heads(model, block, r.cross, gate_kwargs, like)
         if layers:
-            _attach_attention_branch(model, block, r.cross, gate_kwargs)
+            keep = None if may_remove_all else "cross_attention"
+            _attach_attention_branch(model, block, r.cross, gate_kwargs, like, keep)
 
 
-def _attach_heads(model, block, r, gate_kwargs):
+def _like(holder, like):
+    """``holder`` on the device and in the floating dtype of the block's parameters ``like``."""
+    return holder if like is None else holder.to(device=like.device, dtype=like.dtype)
+
+
+def _attach_heads(model, block, r, gate_kwargs, like=None):
     groups, per_head = _head_groups(model, r)
-    holder = HeadGate(r.num_heads, r.head_dim, per_head, **gate_kwargs)
+    holder = _like(HeadGate(r.groups, r.q_width, per_head, **gate_kwargs), like)
     holder._groups = groups
     setattr(block, r.heads_key, holder)
     model.get_submodule(r.out).register_forward_pre_hook(holder._gate_heads)
 
 
-def _attach_attention_branch(model, block, r, gate_kwargs):
+def _attach_attention_branch(model, block, r, gate_kwargs, like=None, keep_one_of=None):
     hooked = r.out if r.branch_output == "projection" else r.attention
-    _attach_branch(model, block, r.branch_key, _attention_modules(model, r), hooked, r.kind, gate_kwargs)
+    modules = _attention_modules(model, r)
+    _attach_branch(model, block, r.branch_key, modules, hooked, r.kind, gate_kwargs, like, keep_one_of)
 
 
-def _attach_branch(model, block, key, modules, hooked, kind, gate_kwargs):
-    holder = LayerGate(1, max(1, _own_parameters(modules)), **gate_kwargs)
+def _attach_branch(model, block, key, modules, hooked, kind, gate_kwargs, like=None, keep_one_of=None):
+    holder = _like(LayerGate(1, max(1, _own_parameters(modules)), keep_one_of=keep_one_of, **gate_kwargs), like)
     holder._groups = [(m, n, 0, 0) for m in modules for n, _ in m.named_parameters()]
     setattr(block, key, holder)
     if kind != "encoder":  # the encoder layer's forward calls its branch gates itself

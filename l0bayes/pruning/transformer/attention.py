@@ -150,9 +150,18 @@ class PrunedMultiheadAttention(nn.Module):
 
 
 class ZeroBranch(nn.Module):
-    """A removed residual branch: zeros shaped like its first input, with ``features`` in the last dimension when
-    given (a pair ``(zeros, None)`` for an attention module that returns one, as ``nn.MultiheadAttention`` and
-    Hugging Face's attentions do)."""
+    """A removed residual branch: zeros shaped like its input, with ``features`` in the last dimension when given (a
+    pair ``(zeros, None)`` for an attention module that returns one, as ``nn.MultiheadAttention`` and Hugging
+    Face's attentions, ``(attn_output, attn_weights)``, do).
+
+    It accepts any call of the module it replaces: the input is the first positional argument or, for a module
+    called by keyword (Hugging Face's Llama and OPT layers call ``self_attn(hidden_states=...)``), the first of
+    the keywords ``hidden_states``, ``query``, ``x``, ``input``, ``src``, ``tgt``; with ``batch_first=False`` (an
+    ``nn.MultiheadAttention``) the zeros take the query's shape, which is the output's in either layout.
+    """
+
+    #: Keywords a replaced module's input may be passed by, in the order they are looked for.
+    INPUT_KEYWORDS = ("hidden_states", "query", "x", "input", "src", "tgt")
 
     def __init__(self, pair=False, batch_first=False, features=None):
         super().__init__()
@@ -162,7 +171,13 @@ class ZeroBranch(nn.Module):
     def extra_repr(self):
         return f"pair={self.pair}" + ("" if self.features is None else f", features={self.features}")
 
-    def forward(self, x, *args, **kwargs):
+    def forward(self, *args, **kwargs):
+        x = args[0] if args else next((kwargs[k] for k in self.INPUT_KEYWORDS if torch.is_tensor(kwargs.get(k))), None)
+        if x is None:
+            raise TypeError(
+                f"ZeroBranch: called with no tensor input (positional or one of {list(self.INPUT_KEYWORDS)}); "
+                f"got keywords {sorted(kwargs)}"
+            )
         if self.features is None:
             zeros = torch.zeros_like(x)
         else:

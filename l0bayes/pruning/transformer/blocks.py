@@ -13,12 +13,14 @@ ATTENTION_NAMES = ("attn", "attention", "self_attn", "self_attention", "mha")
 Q_NAMES = ("q_proj", "query", "q", "wq", "q_lin")
 K_NAMES = ("k_proj", "key", "k", "wk", "k_lin")
 V_NAMES = ("v_proj", "value", "v", "wv", "v_lin")
-QKV_NAMES = ("c_attn", "qkv", "qkv_proj", "Wqkv", "to_qkv")
+QKV_NAMES = ("c_attn", "qkv", "qkv_proj", "Wqkv", "to_qkv", "query_key_value")
+#: Fused projections whose outputs are q, k, v interleaved head by head (``(heads, 3, head_dim)``, GPT-NeoX).
+PER_HEAD_QKV_NAMES = ("query_key_value",)
 OUT_NAMES = ("out_proj", "o_proj", "out", "proj", "c_proj", "wo", "dense", "out_lin")
 HEADS_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads", "heads")
 MLP_NAMES = ("mlp", "ffn", "feed_forward", "ff", "ffwd")
-UP_NAMES = ("fc1", "c_fc", "gate_proj", "up_proj", "w1", "w3", "lin1", "fc_in", "linear1")
-DOWN_NAMES = ("fc2", "c_proj", "down_proj", "w2", "lin2", "fc_out", "linear2", "proj")
+UP_NAMES = ("fc1", "c_fc", "gate_proj", "up_proj", "w1", "w3", "lin1", "fc_in", "linear1", "dense_h_to_4h")
+DOWN_NAMES = ("fc2", "c_proj", "down_proj", "w2", "lin2", "fc_out", "linear2", "proj", "dense_4h_to_h")
 
 
 @dataclass
@@ -44,7 +46,18 @@ class Block:
         the attribute ``heads_attr`` (which :func:`prune_transformer` lowers, with ``all_head_size`` and
         ``split_size`` where the module has them) or infers it from the width.
     :param qkv: one projection computing q, k and v, concatenated in that order (GPT-2's ``c_attn``).
-    :param num_heads: the number of heads; default: the attribute ``heads_attr``.
+    :param num_heads: the number of (query) heads; default: the attribute ``heads_attr``, else the attention's
+        ``config.num_attention_heads`` (Hugging Face's Llama, Qwen2, Mistral, GPT-NeoX, whose forward infers the
+        head count from the projections' width).
+    :param num_kv_heads: the number of key-value heads (grouped-query attention: ``k`` and ``v`` have
+        ``num_kv_heads * head_dim`` outputs, and query heads ``g * m, ..., g * m + m - 1`` with
+        ``m = num_heads // num_kv_heads`` read key-value head ``g``); default: the attention's
+        ``num_key_value_heads`` attribute or config entry, else ``num_heads``. Then one head gate per key-value
+        group: it removes the group's ``m`` query heads and its key-value head together, so that every pruned
+        layer keeps ``m`` query heads per key-value head (a valid grouped-query layout).
+    :param qkv_layout: how a fused ``qkv`` projection orders its outputs: ``"concatenated"`` (all q, then all k,
+        then all v: GPT-2's ``c_attn``) or ``"per_head"`` (q, k, v of head 0, then of head 1, ...: GPT-NeoX's
+        ``query_key_value``); default: ``"per_head"`` for a projection named ``query_key_value``.
     :param mlp: the MLP module (``""``: the block itself; its branch's output is then the ``down`` projection's,
         as in ``nn.TransformerDecoderLayer``). Its ``up`` layers (one, or several read element-wise
         together, as a gated linear unit) feed, through element-wise operations, its ``down`` layer.
@@ -69,6 +82,8 @@ class Block:
     up: str | list | None = None
     down: str | None = None
     branch_output: str | None = None
+    num_kv_heads: int | None = None
+    qkv_layout: str | None = None
 
 
 #: The layout of a BERT-style layer (Hugging Face's BERT, RoBERTa, ...), relative to the layer.
@@ -114,6 +129,18 @@ class _Resolved:
     heads_key: str = "l0_heads"
     branch_key: str = "l0_attention"
     cross: "_Resolved | None" = None  # a decoder layer's cross-attention (its own head and branch gates)
+    kv_heads: int = 0  # key-value heads (0: as many as query heads)
+    qkv_layout: str = "concatenated"  # of a fused projection: "concatenated" or "per_head"
+
+    @property
+    def groups(self):
+        """The head gates: one per key-value group (one per head without grouped-query attention)."""
+        return self.kv_heads or self.num_heads
+
+    @property
+    def q_width(self):
+        """The query (and output-projection input) features of one key-value group."""
+        return self.num_heads // self.groups * self.head_dim
 
     @property
     def mlp_at_projection(self):
@@ -197,7 +224,9 @@ def _resolve(model, block):
     )
     attention = _join(block.name, att_rel)
     att = model.get_submodule(attention)
-    mlp_rel = block.mlp if block.mlp is not None else _first(module, MLP_NAMES, "MLP module", block.name)
+    mlp_rel = block.mlp
+    if mlp_rel is None:
+        mlp_rel = "" if _has_own_mlp_layers(module) else _first(module, MLP_NAMES, "MLP module", block.name)
     mlp = _join(block.name, mlp_rel)
     mlp_module = model.get_submodule(mlp)
     up, down = _resolve_mlp(model, block, mlp, mlp_module)
@@ -208,16 +237,33 @@ def _resolve(model, block):
             att.num_heads, att.head_dim, None, None, mlp, up, down, branch_output=branch_output,
         )  # fmt: skip
     names, fused = _resolve_projections(model, block, attention, att)
-    owner, attr, num_heads = _resolve_heads(model, block, attention, att)
+    owner, attr, num_heads, kv_heads = _resolve_heads(model, block, attention, att)
+    layout = _qkv_layout(block, names["q"]) if fused else "concatenated"
     qkv = model.get_submodule(names["q"])
-    width = features(qkv)[1] // (3 if fused else 1)
-    if fused and features(qkv)[1] % 3:
-        raise ValueError(f"{names['q']}: {features(qkv)[1]} outputs do not split into q, k and v")
+    n_out = features(qkv)[1]
+    if fused and kv_heads != num_heads:
+        raise ValueError(
+            f"{names['q']}: a fused qkv projection with grouped-query attention ({num_heads} query heads, "
+            f"{kv_heads} key-value heads) is not supported; name separate q, k and v projections"
+        )
+    width = n_out // (3 if fused else 1)
+    if fused and n_out % 3:
+        raise ValueError(f"{names['q']}: {n_out} outputs do not split into q, k and v")
     if num_heads <= 0 or width % num_heads:
         raise ValueError(f"{attention}: {width} query features do not split into num_heads={num_heads} heads")
+    if kv_heads <= 0 or num_heads % kv_heads:
+        raise ValueError(
+            f"{attention}: num_kv_heads={kv_heads} must divide num_heads={num_heads} (grouped-query attention)"
+        )
+    head_dim = width // num_heads
     for key in ("k", "v"):
-        if features(model.get_submodule(names[key]))[1] != width * (3 if fused else 1):
-            raise ValueError(f"{names[key]} has {features(model.get_submodule(names[key]))[1]} outputs, q {width}")
+        expected = width * 3 if fused else kv_heads * head_dim
+        got = features(model.get_submodule(names[key]))[1]
+        if got != expected:
+            raise ValueError(
+                f"{names[key]} has {got} outputs, expected {expected} ({kv_heads} key-value heads of {head_dim} "
+                f"features; q has {width}): name num_kv_heads= in Block(...) if it differs"
+            )
     if features(model.get_submodule(names["out"]))[0] != width:
         inputs = features(model.get_submodule(names["out"]))[0]
         raise ValueError(f"{names['out']} has {inputs} inputs, q {width} outputs")
@@ -230,8 +276,18 @@ def _resolve(model, block):
             )
     return _Resolved(
         block.name, "linear", attention, names["q"], names["k"], names["v"], names["out"], num_heads,
-        width // num_heads, owner, attr, mlp, up, down, fused=fused, branch_output=branch_output,
+        head_dim, owner, attr, mlp, up, down, fused=fused, branch_output=branch_output,
+        kv_heads=kv_heads if kv_heads != num_heads else 0, qkv_layout=layout,
     )  # fmt: skip
+
+
+def _qkv_layout(block, name):
+    layout = block.qkv_layout
+    if layout is None:
+        layout = "per_head" if name.rpartition(".")[2] in PER_HEAD_QKV_NAMES else "concatenated"
+    if layout not in ("concatenated", "per_head"):
+        raise ValueError(f"{block.name}: qkv_layout must be 'concatenated' or 'per_head', got {layout!r}")
+    return layout
 
 
 def _resolve_mlp(model, block, mlp, mlp_module):
@@ -273,16 +329,34 @@ def _resolve_projections(model, block, attention, att):
     return names, fused
 
 
+def _config_int(att, key):
+    value = getattr(getattr(att, "config", None), key, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _resolve_heads(model, block, attention, att):
-    """``(owner module name, attribute, head count)``: where the attention reads its head count."""
+    """``(owner module name, attribute or None, head count, key-value head count)``: where the attention reads
+    its head count (``None``: it infers it from the projections' width, as Hugging Face's Llama does)."""
+    for key in ("num_heads", "num_kv_heads"):
+        value = getattr(block, key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ValueError(f"{block.name}: {key} must be a positive int, got {value!r}")
     heads_attr = block.heads_attr
     if heads_attr is None:
-        heads_attr = next((a for a in HEADS_ATTRS if isinstance(getattr(att, a, None), int)), None)
+        heads_attr = next((a for a in HEADS_ATTRS if _is_int(getattr(att, a, None))), None)
+    kv_heads = block.num_kv_heads
+    if kv_heads is None:
+        kv_heads = getattr(att, "num_key_value_heads", None)
+        kv_heads = kv_heads if _is_int(kv_heads) else _config_int(att, "num_key_value_heads")
     if heads_attr is None:
-        raise ValueError(
-            f"{attention}: the head count is read from an int attribute of the attention module "
-            f"(one of {list(HEADS_ATTRS)}, or heads_attr=...), which prune() lowers; none found"
-        )
+        num_heads = block.num_heads if block.num_heads is not None else _config_int(att, "num_attention_heads")
+        if num_heads is None:
+            raise ValueError(
+                f"{attention}: the head count is read from an int attribute of the attention module "
+                f"(one of {list(HEADS_ATTRS)}, or heads_attr=...), which prune() lowers, or from its "
+                "config.num_attention_heads; none found: name num_heads= and heads_attr= in Block(...)"
+            )
+        return attention, None, num_heads, kv_heads if kv_heads is not None else num_heads
     owner_rel, _, attr = heads_attr.rpartition(".")
     owner = _join(attention, owner_rel)
     try:
@@ -290,9 +364,13 @@ def _resolve_heads(model, block, attention, att):
     except AttributeError:
         raise ValueError(f"heads_attr {heads_attr!r}: no module {owner!r}") from None
     num_heads = block.num_heads if block.num_heads is not None else getattr(owner_module, attr, None)
-    if not isinstance(getattr(owner_module, attr, None), int) or not isinstance(num_heads, int):
+    if not _is_int(getattr(owner_module, attr, None)) or not _is_int(num_heads):
         raise ValueError(f"{owner}: no int attribute {attr!r} (the head count, which prune() lowers)")
-    return owner, attr, num_heads
+    return owner, attr, num_heads, kv_heads if kv_heads is not None else num_heads
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_mha(mha, name):
@@ -300,15 +378,36 @@ def _check_mha(mha, name):
         raise NotImplementedError(f"{name}: add_bias_kv and add_zero_attn are not supported")
 
 
+def _has_own_mlp_layers(module):
+    """Whether ``module`` holds its MLP's up and down projections itself (OPT's decoder layer: ``fc1``, ``fc2``)."""
+    ups = [n for n in UP_NAMES if is_projection(getattr(module, n, None))]
+    return bool(ups) and any(is_projection(getattr(module, n, None)) for n in DOWN_NAMES if n not in ups)
+
+
+def _is_relative_bias_block(module):
+    """A T5-style block: its attention holds a relative position bias with one column per head, shared by the
+    stack's later layers."""
+    layers = getattr(module, "layer", None)
+    first = layers[0] if isinstance(layers, nn.ModuleList) and len(layers) else None
+    return first is not None and isinstance(getattr(first, "SelfAttention", None), nn.Module)
+
+
 def _auto_blocks(model):
     """Every ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer``, every BERT-style layer and every
-    module with a default attention and MLP child."""
+    module with a default attention child and an MLP (a child of a default name, or its own up and down
+    projections)."""
     out = []
     for name, m in model.named_modules():
         if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)) or is_post_norm_layer(m):
             out.append(name)
-        elif any(isinstance(getattr(m, a, None), nn.Module) for a in ATTENTION_NAMES) and any(
-            isinstance(getattr(m, a, None), nn.Module) for a in MLP_NAMES
+        elif _is_relative_bias_block(m):
+            raise ValueError(
+                f"{name}: T5-style blocks are not supported (the relative position bias of the first layer has a "
+                "column per head and is shared by the later layers, and the attention returns it with its output); "
+                "gate the model's linear layers with sparsify() instead"
+            )
+        elif any(isinstance(getattr(m, a, None), nn.Module) for a in ATTENTION_NAMES) and (
+            any(isinstance(getattr(m, a, None), nn.Module) for a in MLP_NAMES) or _has_own_mlp_layers(m)
         ):
             out.append(name)
     return out
@@ -324,18 +423,21 @@ def _head_groups(model, r):
     d = r.head_dim
     if r.kind == "linear":
         groups = []
-        if r.fused:
+        if r.fused and r.qkv_layout == "per_head":  # q, k, v of one head side by side
+            m = model.get_submodule(r.q)
+            groups += [(m, "weight", out_dim(m), 3 * d), (m, "bias", 0, 3 * d)]
+        elif r.fused:
             m = model.get_submodule(r.q)
             dim, width = out_dim(m), r.num_heads * d
             for i in range(3):
                 groups.append((_SliceView(m, "weight", dim, i * width, width), "value", dim, d))
                 groups.append((_SliceView(m, "bias", 0, i * width, width), "value", 0, d))
-        else:
-            for name in (r.q, r.k, r.v):
+        else:  # one key-value group: m query heads, one key head, one value head
+            for name, width in ((r.q, r.q_width), (r.k, d), (r.v, d)):
                 m = model.get_submodule(name)
-                groups += [(m, "weight", out_dim(m), d), (m, "bias", 0, d)]
+                groups += [(m, "weight", out_dim(m), width), (m, "bias", 0, width)]
         out = model.get_submodule(r.out)
-        groups.append((out, "weight", 1 - out_dim(out), d))
+        groups.append((out, "weight", 1 - out_dim(out), r.q_width))
     else:
         mha = model.get_submodule(r.attention)
         e = mha.embed_dim

@@ -29,7 +29,9 @@ class HeadGate(_TransformerGate):
     """One gate per attention head of a block, multiplying the head's output before the output projection.
 
     Held by the block as ``l0_heads``; a forward pre-hook scales the input of the output projection,
-    viewed as ``(..., num_heads, head_dim)``. ``group_size``: the parameters of one head.
+    viewed as ``(..., num_heads, head_dim)``. ``group_size``: the parameters of one head. With grouped-query
+    attention a "head" here is a key-value group: ``num_heads`` is the number of key-value heads and ``head_dim``
+    the query features of one group (its query heads side by side).
     """
 
     def __init__(self, num_heads, head_dim, group_size, **gate_kwargs):
@@ -56,10 +58,17 @@ class UnitGate(_TransformerGate):
 class LayerGate(_TransformerGate):
     r"""One scalar gate on a residual branch, :math:`x + z f(x)` (``l0_attention``, ``l0_mlp`` of a block).
 
-    The final phase of the constrained objective may close it (a block's branch may go entirely).
+    The final phase of the constrained objective may close it (a block's branch may go entirely), but it keeps
+    the best-scored branch of each kind (``keep_one_of``: ``"attention"``, ``"mlp"``, ``"cross_attention"``)
+    open unless :func:`sparsify_transformer` was given ``may_remove_all=True`` (then ``keep_one_of`` is
+    ``None``): a model without any attention (or MLP) is a choice, not what a missed target leaves.
     """
 
     may_close_all = True
+
+    def __init__(self, num_gates, group_size, keep_one_of=None, **gate_kwargs):
+        super().__init__(num_gates, group_size, **gate_kwargs)
+        self.keep_one_of = keep_one_of
 
     def _gate_output(self, module, args, output):
         if isinstance(output, tuple):

@@ -1,6 +1,7 @@
 """Removing what the gates close: :func:`prune_transformer`."""
 
 import copy
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -11,6 +12,7 @@ from .attach import is_transformer_gated
 from .attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
 from .blocks import _attentions, _set
 from .gates import _TransformerGate
+from .hf_config import update_config
 from .projections import features, like
 from .projections import weight as projection_weight
 
@@ -48,28 +50,37 @@ def _prune_attention(plain, r, block):
         _close_attention(plain, r, att)
         return
     z_heads = _gate_value(block, r.heads_key)
-    h, d = r.num_heads, r.head_dim
+    h, d, g = r.num_heads, r.head_dim, r.groups
     out = plain.get_submodule(r.out)
     w_out = projection_weight(out)
-    z_heads = torch.ones(h, device=w_out.device, dtype=w_out.dtype) if z_heads is None else z_heads
+    z_heads = torch.ones(g, device=w_out.device, dtype=w_out.dtype) if z_heads is None else z_heads
     keep = _keep(z_heads)
-    kept = int(keep.sum())
-    rows = keep.repeat_interleave(d)
-    scale = z_heads.to(w_out.dtype).repeat_interleave(d)[rows]
+    kept = int(keep.sum())  # key-value groups (heads without grouped-query attention)
+    rows = keep.repeat_interleave(r.q_width)
+    scale = z_heads.to(w_out.dtype).repeat_interleave(r.q_width)[rows]
     z = 1.0 if z_layer is None else z_layer.to(w_out.dtype)
     out_weight = w_out[:, rows] * scale * z
     out_bias = None if out.bias is None else out.bias * z
     if r.kind == "linear":
-        for name in dict.fromkeys((r.q, r.k, r.v)):  # one name when fused
+        kv_rows = keep.repeat_interleave(d)
+        if r.fused:
+            select = keep.repeat_interleave(3 * d) if r.qkv_layout == "per_head" else rows.repeat(3)
+            selects = {r.q: select}
+        else:
+            selects = {r.q: rows, r.k: kv_rows, r.v: kv_rows}
+        for name, select in selects.items():
             m = plain.get_submodule(name)
-            select = rows.repeat(3) if r.fused else rows
             _set(plain, name, like(m, projection_weight(m)[select], None if m.bias is None else m.bias[select]))
         _set(plain, r.out, like(out, out_weight, out_bias))
         owner = plain.get_submodule(r.heads_owner)
-        setattr(owner, r.heads_attr, kept)
-        for attr in ("all_head_size", "split_size"):  # widths some attentions split or reshape by
+        heads = kept * (h // g)
+        if r.heads_attr is not None:
+            setattr(owner, r.heads_attr, heads)
+        for attr in ("all_head_size", "split_size", "inner_dim"):  # widths some attentions split or reshape by
             if getattr(owner, attr, None) == h * d and isinstance(getattr(owner, attr), int):
-                setattr(owner, attr, kept * d)
+                setattr(owner, attr, heads * d)
+        if r.kv_heads and isinstance(getattr(owner, "num_key_value_heads", None), int):
+            owner.num_key_value_heads = kept
         return
     e = att.embed_dim
     if att._qkv_same_embed_dim:
@@ -151,8 +162,12 @@ def prune_transformer(model, example_inputs=None):
     plain = copy.deepcopy(model).eval()
     _strip_hooks(plain)
     resolved = plain._l0_transformer
-    for attr in ("_l0_transformer", "_l0_example_inputs"):
-        object.__delattr__(plain, attr)
+    may_remove_all = getattr(plain, "_l0_may_remove_all", True)
+    for attr in ("_l0_transformer", "_l0_example_inputs", "_l0_may_remove_all"):
+        if attr in plain.__dict__:
+            object.__delattr__(plain, attr)
+    if not may_remove_all:
+        _warn_if_all_closed(plain, resolved)
     for r in resolved:
         block = plain.get_submodule(r.name)
         for att in _attentions(r):
@@ -163,8 +178,29 @@ def prune_transformer(model, example_inputs=None):
                 delattr(block, key)
         if r.kind == "encoder":
             _set(plain, r.name, PrunedTransformerEncoderLayer(block, block.self_attn, feed_forward))
+    update_config(plain, resolved)
     _check_equal(model, plain, example_inputs)
     return plain.eval()
+
+
+def _warn_if_all_closed(plain, resolved):
+    """A loud warning when the Eq. 13 gates close the attention (or MLP) branch of every gated block."""
+    kinds = {"attention": [], "MLP": [], "cross-attention": []}
+    for r in resolved:
+        block = plain.get_submodule(r.name)
+        for kind, key in (("attention", r.branch_key), ("MLP", "l0_mlp")):
+            kinds[kind].append(_gate_value(block, key))
+        if r.cross is not None:
+            kinds["cross-attention"].append(_gate_value(block, r.cross.branch_key))
+    for kind, values in kinds.items():
+        if values and all(v is not None and float(v) == 0.0 for v in values):
+            warnings.warn(
+                f"the gates close the {kind} branch of every block ({len(values)}): the pruned model has no "
+                f"{kind} at all. If this is what you want, gate with sparsify_transformer(..., may_remove_all=True); "
+                "otherwise give a target the model can reach, or more epochs before the final phase",
+                UserWarning,
+                stacklevel=5,
+            )
 
 
 def _flat(output):
@@ -203,10 +239,11 @@ def _check_equal(model, plain, example_inputs):
                 "head count from the attribute prune() lowers, rather than from the embedding width?"
             ) from None
     a, b = _flat(a), _flat(b)
-    # the gates are folded in the model's precision: a structural mismatch is far larger than its rounding
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    scale = float(a.abs().max()) + 1.0
-    if a.shape != b.shape or float((a - b).abs().max()) > 100 * torch.finfo(dtype).eps * scale:
+    # the gates are folded in the precision of the model's parameters (weights and gates): a structural mismatch
+    # is far larger than that rounding, relative to the scale of the outputs
+    eps = max((torch.finfo(p.dtype).eps for p in model.parameters() if p.is_floating_point()), default=2.0**-23)
+    scale = float(a.abs().max()) if a.numel() else 0.0
+    if a.shape != b.shape or float((a - b).abs().max()) > 256 * eps * scale:
         raise ValueError(
             "the pruned model differs from the gated one: does the attention's forward read its head count from "
             "the attribute prune() lowers, and is each branch's output its last linear layer's (scaled) output?"

@@ -161,22 +161,25 @@ class TransformerSize:
 
     @staticmethod
     def _attention_count(net, r, block, modules, per_token):
-        d, h = r.head_dim, r.num_heads
+        d, h = r.head_dim, r.groups  # one gate per key-value group (per head without grouped-query attention)
         _, per_head = _head_groups(net, r)
         total = _own_parameters(modules)
         const = total - per_head * h
         att = net.get_submodule(r.attention)
         out = net.get_submodule(r.out)
         if r.kind == "linear":
-            projections = [net.get_submodule(n) for n in (r.q, r.k, r.v)]  # the same projection three times if fused
-            projections = [(m, per_token.get(id(m), 0.0)) for m in projections]
-            per_flops = sum((2 * features(m)[0] + (m.bias is not None)) * d * pos for m, pos in projections)
+            # the outputs of one gate: q_width of q, d of k and of v (the same projection three times if fused)
+            widths = (d, d, d) if r.fused else (r.q_width, d, d)
+            projections = [(net.get_submodule(n), w) for n, w in zip((r.q, r.k, r.v), widths, strict=True)]
+            per_flops = sum(
+                (2 * features(m)[0] + (m.bias is not None)) * w * per_token.get(id(m), 0.0) for m, w in projections
+            )
         else:
             bias = att.in_proj_bias is not None
             dims = {"q": att.embed_dim, "k": att.kdim, "v": att.vdim}
             per_flops = sum((2 * dims[t] + bias) * d * per_token.get((id(att), t), 0.0) for t in "qkv")
         pos = per_token.get(id(out), 0.0)
-        per_flops += 2 * d * features(out)[1] * pos
+        per_flops += 2 * r.q_width * features(out)[1] * pos
         const_flops = (out.bias is not None) * features(out)[1] * pos
         return _BranchCount(getattr(block, r.heads_key, None), h, const, per_head, const_flops, per_flops)
 
