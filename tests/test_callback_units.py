@@ -1,5 +1,6 @@
 """Each built-in callback on its own, driven through the loop (``fit``) with a small run."""
 
+import io
 import math
 import types
 
@@ -134,7 +135,8 @@ def test_progress_bar_counts_the_steps_left(monkeypatch):
     monkeypatch.setattr(tqdm.auto, "tqdm", FakeBar)
     run, _ = _run(epochs=3)
     run.epoch = 1  # as after a resume
-    _fit(run, [History(run.batches.record_subset()), ProgressBar()])
+    terminal = type("Terminal", (io.StringIO,), {"isatty": lambda self: True})()  # a file gets lines instead
+    _fit(run, [History(run.batches.record_subset()), ProgressBar(file=terminal)])
     (bar,) = bars
     assert bar.total == bar.n == 6 and bar.closed and "free_energy" in bar.postfix
 
