@@ -492,12 +492,13 @@ def test_a_passed_check_that_the_sampler_contradicts_gives_the_samplers_answer()
     res = l0bayes.select_variables(x, y, prior_inclusion=0.1, slab_scale=1.0, noise_scale=1.0)
     assert res.method == "reweighted" and res.inclusion_probabilities[[3, 17, 30]].min() > 0.99
     # the same fit with feature 17 forgotten: its check would have passed on what it proposed
-    xs, yc, _, _ = selection._standardise(torch.tensor(x), torch.tensor(y), "gaussian")
+    xs, yc, _, k, _ = selection._standardise(torch.tensor(x), torch.tensor(y), "gaussian")
+    scale = math.ldexp(1.0, -k)  # y is divided by 2**k inside, and so are the slab and the noise scale
     opts = {"num_chains": 4, "mcmc_steps": 1250, "generator": torch.Generator().manual_seed(0)}
     wrong = np.array(res.inclusion_probabilities)
     wrong[17] = 0.0
     start = torch.as_tensor(np.clip(wrong, 1e-3, 1 - 1e-3))
-    fit = {"inclusion": wrong, "start": start, "hyper": (0.1, 1.0, 1.0), "details": {}, "khat": 0.3}
+    fit = {"inclusion": wrong, "start": start, "hyper": (0.1, scale, scale), "details": {}, "khat": 0.3}
     out = selection._verify(fit, xs, yc, "gaussian", opts, 15.0, noise_given=True)
     assert out["method"] == "mcmc" and out["details"]["check_contradicted"]["feature"] == 17
     assert out["inclusion"][17] > 0.9

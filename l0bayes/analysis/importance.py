@@ -341,6 +341,7 @@ def importance_check(
         inclusion = _conditional_inclusion(x, y, draws[:, :p], weights, *hyper, gram=gram)
     else:
         inclusion = x.new_zeros(p + 1).index_add_(0, flat, weights[:, None].expand_as(index).flatten())[:p]
+        inclusion = inclusion.clamp(0.0, 1.0)  # a sum of normalised weights: above 1 only by rounding
     return ImportanceCheck(
         khat=khat,
         ess=float(1.0 / (weights**2).sum()),
@@ -380,7 +381,8 @@ def _conditional_inclusion(x, y, draws, weights, prior_inclusion, slab_scale, no
         state.start(chunk)
         logit, _ = state.conditionals(log_odds, 2.0 * math.log(slab_scale))
         total += (mass[start : start + chunk.shape[0], None] * torch.sigmoid(logit)).sum(0)
-    return total / mass.sum()
+    # a weighted mean of probabilities: outside [0, 1] only by rounding (an ulp above 1 where every model is sure)
+    return (total / mass.sum()).clamp(0.0, 1.0)
 
 
 def gate_importance_check(model, x, y, prior_inclusion=None, slab_scale=None, noise_scale=None, num_draws=2000, seed=0):

@@ -86,6 +86,9 @@ FULL_GRAM_MAX = 4096
 FULL_GRAM_FLOPS = 2e10
 MAX_BLOCKS = 256  # blocks kept per chain (pairs merge when full)
 MAX_STATES = 1000  # thinned states kept per chain (at least this many, fewer than twice)
+# noise_prior="jeffreys": a draw of sigma below this fraction of y's standard deviation means that the chain's model
+# fits y exactly, where the posterior of sigma under p(sigma^2) = 1/sigma^2 is improper (it has no mass elsewhere)
+NOISE_FLOOR = 1e-6
 
 
 def check_gram(gram, x):
@@ -651,6 +654,9 @@ def tempered_gibbs(
     if noise_prior not in (None, "jeffreys") or (noise_prior and bern):
         raise ValueError(f"noise_prior must be None or 'jeffreys' (Gaussian family), got {noise_prior!r}")
     aux = bern or noise_prior == "jeffreys"  # one more coordinate: omega, or sigma^2
+    if noise_prior == "jeffreys":
+        noise_floor = NOISE_FLOOR * math.sqrt(float(y @ y) / max(n - 1, 1))
+        max_precision = 1.0 / noise_floor**2
     state.start(_starting_models(start, C, p, device, gen))
     if bern:  # start omega at a draw given the starting model's coefficients
         for c in range(C):
@@ -707,6 +713,8 @@ def tempered_gibbs(
                 else:  # sigma^2 | b, y ~ InvGamma(n / 2, RSS / 2) under p(sigma^2) = 1 / sigma^2: chi2_n / RSS
                     rss = state.residual_sum_of_squares(c, y, gen)
                     chi2 = torch.randn(n, dtype=dtype, device=device, generator=gen).pow(2).sum()
+                    if not chi2 / rss <= max_precision:
+                        raise ValueError(_collapsed(state.slots(c)[1], n, noise_floor))
                     state.set_noise_precision(c, chi2 / rss)
             if bern and moves.numel():
                 state.refresh(moves)
@@ -736,6 +744,16 @@ def tempered_gibbs(
         result.details["noise_scale_mean"] = float(sigma_sum / acc["w"].total)
     result.seconds = time.perf_counter() - began
     return result
+
+
+def _collapsed(features, n, noise_floor):
+    """The message of a chain whose noise scale collapsed: its model fits ``y`` exactly."""
+    return (
+        f"the noise scale sigma collapsed below {noise_floor:.3g} ({NOISE_FLOOR:g} x the standard deviation of y): "
+        f"the model of features {features.tolist()} fits the {n} observations of y exactly, where the posterior of "
+        "sigma under the Jeffreys prior is improper (with n observations, models of n - 1 features fit any centred "
+        "y). Fix the noise scale: select_variables(..., noise_scale=...) or tempered_gibbs(..., noise_prior=None)"
+    )
 
 
 def _starting_models(start, C, p, device, gen):

@@ -4,10 +4,12 @@ Gaussian family (the default). Three steps, each chosen by measurement (the vari
 guide of the docs has the numbers):
 
 1. Standardise: every column of ``X`` is centred and scaled to unit sample standard deviation
-   (``ddof=1``), ``y`` is centred (not scaled). ``slab_scale`` (the prior sd of a coefficient)
+   (``ddof=1``), ``y`` is centred. ``slab_scale`` (the prior sd of a coefficient)
    and ``noise_scale`` are therefore in units of ``y`` per standard deviation of a feature,
    exactly the model of :func:`~l0bayes.analysis.exact_inclusion_probabilities` applied to the
-   standardised data.
+   standardised data. The selection is invariant to rescaling the columns of ``X``, and to rescaling
+   ``y`` together with ``slab_scale`` and ``noise_scale`` (the estimated ones follow ``y``): inside, ``y``
+   is also divided by a power of two near its standard deviation, and the scales with it.
 2. Fit a structured guide, a sum of single effects
    (:func:`~l0bayes.inference.single_effects.fit_single_effects`): each effect picks one of a
    group of correlated features and spreads its probability over the group, where a mean-field
@@ -46,10 +48,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .._checks import COUNT, POSITIVE, PROBABILITY, Rule, check_args, check_seed, whole
 from ..analysis.importance import KHAT_THRESHOLD, _conditional_inclusion, importance_check, khat_meaning, psis
 from ..distributions import kl_hard_concrete
 from ..inference.single_effects import credible_sets, fit_single_effects
-from ..inference.tempered_gibbs import ESS_MIN, RELEVANT, RHAT_MAX, full_gram_pays, tempered_gibbs
+from ..inference.tempered_gibbs import ESS_MIN, NOISE_FLOOR, RELEVANT, RHAT_MAX, full_gram_pays, tempered_gibbs
 from ..nn.gates import prior_like
 from ..threads import thread_policy
 
@@ -66,6 +69,32 @@ VERIFY_WARMUP, VERIFY_STEPS = 50, 150  # the test of a passed check: a short run
 # measurement": 3-6 s less than the fit's own stopping rule, AUPRC unchanged within its spread); "variational"
 # keeps 5000, as its answer is the fit itself
 LOGISTIC_START_STEPS = 800
+MIN_DRAWS = 100  # importance draws per round at least: Pareto k-hat is fitted to the largest fifth of them
+CONSTANT = 1e-12  # a column whose standard deviation is below this fraction of its magnitude is constant
+# slab_scale and noise_scale (Gaussian) within this range times the standard deviation of y: the fit's own noise
+# estimate is floored at its lower end
+SCALE_RANGE = (NOISE_FLOOR, 1e6)
+LOGIT_SLAB_RANGE = (1e-6, 1e6)  # slab_scale of the Bernoulli family (logits per standard deviation of a feature)
+# Gaussian family, noise_scale=None, a sampler: with at most this many observations and p >= n - 1 the sampler
+# reaches models that fit y exactly, where the noise posterior under the Jeffreys prior is improper
+FEW_ROWS = 10
+ARG_CHECKS = {
+    "prior_inclusion": PROBABILITY.or_none(),
+    "slab_scale": POSITIVE.or_none(),
+    "noise_scale": POSITIVE.or_none(),
+    "num_draws": Rule(f"a whole number >= {MIN_DRAWS}", lambda v: v >= MIN_DRAWS, integer=True),
+    "time_budget": Rule("a number of seconds > 0 (inf: no limit)", lambda v: v > 0).or_none(),
+}
+OPTION_CHECKS = {  # the advanced options of select_variables
+    "num_effects": COUNT,
+    "tol": POSITIVE,
+    "max_iter": COUNT,
+    "rounds": COUNT,
+    "lr": POSITIVE,
+    "max_steps": COUNT,
+    "num_chains": COUNT,
+    "mcmc_steps": COUNT,
+}
 UNRELIABLE = (
     "Pareto k-hat = {khat:.2f} > 0.7 ({meaning}): these inclusion probabilities could not be checked "
     "against the exact posterior; do not trust individual probabilities, trust only the credible sets (if any)."
@@ -347,51 +376,86 @@ def _count(k):
     return f"{k} probability" if k == 1 else f"{k} probabilities"
 
 
-def _as_tensor(a, name, dtype, device):
+def _as_float64(a, name, device):
+    """``a`` as a float64 tensor on ``device``: any real (or boolean) array or tensor, finite; else a clear error."""
     if isinstance(a, torch.Tensor):
-        t = a.detach().to(device=device, dtype=dtype)
+        if a.is_complex():
+            raise TypeError(f"select_variables: {name} must be real, got a {a.dtype} tensor")
+        t = a.detach().to(device=device, dtype=torch.float64)
     else:
         try:
-            t = torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=dtype, device=device)
+            array = np.asarray(a)
         except (TypeError, ValueError) as err:
-            raise TypeError(f"{name} must be a numeric array or tensor") from err
+            raise TypeError(f"select_variables: {name} must be a numeric array or tensor") from err
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"select_variables: {name} must be a real numeric array or tensor, got dtype {array.dtype}")
+        t = torch.as_tensor(array.astype(np.float64), device=device)
     if not torch.isfinite(t).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
+        raise ValueError(f"select_variables: {name} contains NaN or infinite values")
     return t
 
 
+def _to_unit(v):
+    r"""``v`` (float64, columns last) divided by a power of two near the largest magnitude of each column, and the
+    exponents: exact, so means and standard deviations are then computed without overflow or underflow at any
+    scale, and a column rescaled by a power of two gives the same bits."""
+    _, exponent = torch.frexp(v.abs().amax(0))
+    half = torch.div(exponent, 2, rounding_mode="floor")  # two steps: 2**exponent alone can overflow
+    one = torch.ones(exponent.shape, dtype=v.dtype, device=v.device)
+    return v * torch.ldexp(one, -half) * torch.ldexp(one, half - exponent), exponent
+
+
+def _nearly_constant(mean, scale):
+    """Columns (in the units of :func:`_to_unit`, magnitudes below 1) whose spread is at rounding level."""
+    return ~(scale > CONSTANT * (1.0 + mean.abs()))
+
+
 def _standardise(x, y, family):
-    """Centre and scale the columns of ``x`` (ddof=1); centre ``y`` for the Gaussian family."""
+    r"""Centre and scale the columns of ``x`` (``ddof=1``); centre ``y`` and scale it by a power of two near its
+    standard deviation for the Gaussian family.
+
+    Everything in float64. Returns the standardised ``x`` and ``y``, the columns' standard deviations as
+    ``(mantissa, exponent)`` (``std = mantissa * 2**exponent``), the exponent ``k`` of the scale ``2**k`` that
+    divides ``y`` (0 for bernoulli) and ``y``'s standard deviation in those units. Standardising ``X`` makes the
+    selection invariant to rescaling its columns; scaling ``y`` keeps every computation near unit scale whatever
+    its units (``slab_scale`` and ``noise_scale`` are divided by the same power of two).
+    """
     if x.dim() != 2:
-        raise ValueError(f"X must have shape (n, p), got {tuple(x.shape)}")
+        raise ValueError(f"select_variables: X must have shape (n, p), got {tuple(x.shape)}")
     if y.dim() != 1 or y.shape[0] != x.shape[0]:
         raise ValueError(
-            f"y must have shape ({x.shape[0]},) to match X of shape {tuple(x.shape)}, got {tuple(y.shape)}"
+            f"select_variables: y must have shape ({x.shape[0]},) to match X of shape {tuple(x.shape)}, "
+            f"got {tuple(y.shape)}"
         )
-    n = x.shape[0]
+    n, p = x.shape
     if n < 3:
-        raise ValueError(f"need at least 3 observations, got {n}")
-    mean, scale = x.mean(0), x.std(0)
-    constant = torch.nonzero(~(scale > 1e-12 * (1.0 + mean.abs()))).flatten()
+        raise ValueError(f"select_variables: need at least 3 observations (rows of X and y), got {n}")
+    if p < 1:
+        raise ValueError("select_variables: X has no columns")
+    unit, exponent = _to_unit(x)
+    mean, scale = unit.mean(0), unit.std(0)
+    constant = torch.nonzero(_nearly_constant(mean, scale)).flatten()
     if constant.numel():
-        raise ValueError(f"X has constant columns {constant.tolist()[:10]}: drop them (they cannot be selected)")
+        raise ValueError(
+            f"select_variables: X has constant columns {constant.tolist()[:10]}: drop them (they cannot be selected)"
+        )
+    xs = (unit - mean) / scale
     if family == "bernoulli":
         if not bool(((y == 0) | (y == 1)).all()):
-            raise ValueError("family='bernoulli' needs y in {0, 1}")
-        yc = y
-    else:
-        if float(y.std()) == 0.0:
-            raise ValueError("y is constant: nothing to select")
-        yc = y - y.mean()
-    return (x - mean) / scale, yc, mean, scale
-
-
-def _check_hyper(prior_inclusion, slab_scale, noise_scale):
-    if prior_inclusion is not None and not 0.0 < prior_inclusion < 1.0:
-        raise ValueError(f"prior_inclusion must lie in (0, 1), got {prior_inclusion}")
-    for name, v in (("slab_scale", slab_scale), ("noise_scale", noise_scale)):
-        if v is not None and not v > 0:
-            raise ValueError(f"{name} must be positive, got {v}")
+            raise ValueError("select_variables: family='bernoulli' needs y in {0, 1}")
+        if bool((y == y[0]).all()):
+            raise ValueError(
+                f"select_variables: y has one class only (every label is {int(y[0])}): nothing to tell apart, "
+                "family='bernoulli' needs both 0 and 1 in y"
+            )
+        return xs, y, (scale, exponent), 0, 1.0
+    y_unit, y_exponent = _to_unit(y[:, None])
+    y_mean, y_sd = y_unit.mean(0), y_unit.std(0)
+    if bool(_nearly_constant(y_mean, y_sd)):
+        raise ValueError("select_variables: y is constant: nothing to select")
+    _, k = math.frexp(float(y_sd))  # y_sd = m * 2**k with m in [0.5, 1): divide by 2**k
+    centred = torch.ldexp(y_unit[:, 0] - y_mean, torch.tensor(-k, device=y.device))
+    return xs, centred, (scale, exponent), int(y_exponent) + k, math.ldexp(float(y_sd), -k)
 
 
 # ------------------------------------------------------------------ Gaussian
@@ -579,7 +643,8 @@ def _logistic_check(model, xs, y, slab_scale, num_draws, generator):
         smoothed, khat = psis((log_lik + log_gate + log_slab).cpu().numpy())
         w = torch.as_tensor(np.exp(smoothed), dtype=xs.dtype, device=xs.device)
         draws = z != 0
-        return khat, (w @ draws.to(xs.dtype)).cpu().numpy(), (w @ (theta * z)).cpu().numpy(), draws, smoothed
+        inclusion = (w @ draws.to(xs.dtype)).clamp(0.0, 1.0)  # a sum of normalised weights: above 1 by rounding only
+        return khat, inclusion.cpu().numpy(), (w @ (theta * z)).cpu().numpy(), draws, smoothed
 
 
 def _screening_inclusion(xs, y, opts):
@@ -721,20 +786,29 @@ def select_variables(
 ):
     r"""Which features of ``X`` matter for ``y``? Inclusion probabilities you can check.
 
-    :param X: ``(n, p)`` numpy array or tensor (no NaN, no constant column; ``p > n`` is fine).
-    :param y: ``(n,)``: real for ``family="gaussian"``, 0/1 for ``family="bernoulli"``.
+    :param X: ``(n, p)`` numpy array or tensor of any real dtype (no NaN, no constant column; ``n >= 3``;
+        ``p > n`` is fine).
+    :param y: ``(n,)``: real for ``family="gaussian"``, 0/1 for ``family="bernoulli"`` (both labels present).
     :param prior_inclusion: :math:`\pi_0`, the prior probability that a feature is included;
         ``None``: estimated (the fit's expected number of effects over :math:`p`, at most 0.5; for
         bernoulli that of a sum of single effects fitted to the centred labels).
     :param slab_scale: :math:`\tau`, the prior sd of an included coefficient per standard
-        deviation of its feature; ``None``: the root mean square of the selected coefficients
-        (1 for bernoulli).
-    :param noise_scale: :math:`\sigma`, fixed when given (Gaussian family); else estimated by the
-        fit, and sampled by the exact sampler when it runs (prior :math:`p(\sigma^2) \propto 1/\sigma^2`;
-        ``result.noise_scale`` is then its posterior mean).
+        deviation of its feature, in units of ``y`` (bernoulli: logits); ``None``: the root mean square of
+        the selected coefficients (1 for bernoulli). Gaussian: within ``[1e-6, 1e6]`` times the standard
+        deviation of ``y`` (bernoulli: within ``[1e-6, 1e6]``); beyond, the posterior is its limit (every
+        probability at the prior, or at 0) and the computation overflows.
+    :param noise_scale: :math:`\sigma`, fixed when given (Gaussian family; within ``[1e-6, 1e6]`` times the
+        standard deviation of ``y``); else estimated by the fit, and sampled by the exact sampler when it runs
+        (prior :math:`p(\sigma^2) \propto 1/\sigma^2`; ``result.noise_scale`` is then its posterior mean).
+        That posterior is improper where a model fits ``y`` exactly (``n - 1`` features can): with ``n <= 10``
+        and ``p >= n - 1`` a sampler (``method`` ``"auto"`` or ``"mcmc"``) needs ``noise_scale``, and a chain
+        whose noise collapses stops with an error that says so.
     :param feature_names: names for the result (default the column indices).
     :param device: where to compute (``"cpu"``, ``"cuda"``; default: the device of a tensor ``X``, else CPU).
-    :param int num_draws: importance-sampling draws per round.
+    :param int num_draws: importance-sampling draws per round (at least 100).
+    :param int seed: the seed of every random draw, a whole number in ``[0, 2**64)``.
+    :param dtype: the precision of the computation, ``torch.float64`` (default) or ``torch.float32``;
+        ``X`` and ``y`` of any real dtype (or a mix) are converted to it after being standardised in float64.
     :param str method: ``"auto"`` (default): the fit, checked by importance sampling, then weighted
         tempered Gibbs sampling of the exact posterior
         (:func:`~l0bayes.inference.tempered_gibbs.tempered_gibbs`) started from the fit, 4 chains x 1,250
@@ -744,9 +818,9 @@ def select_variables(
         (``details["verified"]``), else the full run's answer is returned (``details["check_contradicted"]``):
         :math:`\hat k` cannot see a mode the fit never proposes. ``"mcmc"``: the sampler until it mixes or
         ``time_budget`` ends. ``"variational"``: no sampler.
-    :param time_budget: at most this many seconds for the sampler (default 15); it stops earlier once
-        every probability of at least 0.01 has R-hat <= 1.01 and ESS >= 100, or (``"auto"``) after its
-        steps.
+    :param time_budget: at most this many seconds for the sampler (default 15; ``inf``: no limit); it stops
+        earlier once every probability of at least 0.01 has R-hat <= 1.01 and ESS >= 100, or (``"auto"``)
+        after its steps.
     :param threads: torch's intra-op thread count during the fit, as in :func:`~l0bayes.inference.train`
         (:func:`~l0bayes.threads.thread_policy`): ``"auto"`` one thread unless the environment or an enclosing
         ``thread_policy`` chose, ``None`` torch's count, or an int; the caller's count is restored after.
@@ -755,7 +829,8 @@ def select_variables(
         ``rounds`` (3 adaptive rounds at most), ``lr`` (0.05) and ``max_steps`` (5000 with ``"variational"``,
         else 800: there the fit is the check's proposal and the sampler's start) for bernoulli;
         for the sampler ``num_chains`` (4) and ``mcmc_steps`` (steps per chain after warm-up: 1,250 for
-        ``"auto"``, at most 100,000 for ``"mcmc"``).
+        ``"auto"``, at most 100,000 for ``"mcmc"``). Counts are whole numbers >= 1, ``tol`` and ``lr`` finite
+        and positive.
     :returns: :class:`SelectionResult`; ``result.method`` says which method produced the
         probabilities and ``result.diagnostic`` in one line whether to trust them.
 
@@ -768,40 +843,114 @@ def select_variables(
     estimates :func:`~l0bayes.analysis.exact_inclusion_probabilities` of the standardised data
     with the same arguments. A warning is issued when the check fails.
     """
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if time_budget is not None and not time_budget > 0:
-        raise ValueError(f"time_budget must be positive seconds (or None), got {time_budget}")
-    _check_hyper(prior_inclusion, slab_scale, noise_scale)
+    owner = "select_variables"
+    for name, value, allowed in (("family", family, FAMILIES), ("method", method, METHODS)):
+        if not isinstance(value, str) or value not in allowed:
+            raise ValueError(f"{owner}: {name} must be one of {allowed}, got {value!r}")
+    check_args(
+        owner,
+        ARG_CHECKS,
+        prior_inclusion=prior_inclusion,
+        slab_scale=slab_scale,
+        noise_scale=noise_scale,
+        num_draws=num_draws,
+        time_budget=time_budget,
+    )
+    if family == "bernoulli" and noise_scale is not None:
+        raise ValueError(f"{owner}: noise_scale is for family='gaussian' (bernoulli has no noise), got {noise_scale!r}")
+    seed = check_seed(seed)
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(
+            f"{owner}: dtype must be torch.float32 or torch.float64 (the precision of the computation; X and y of "
+            f"any real dtype are converted to it), got {dtype!r}"
+        )
+    if feature_names is not None and isinstance(feature_names, (str, bytes)):
+        raise TypeError(f"{owner}: feature_names must be a sequence of names (one per column), got {feature_names!r}")
+    unknown = set(options) - set(OPTION_CHECKS)
+    if unknown:
+        raise TypeError(f"{owner}: unknown options {sorted(unknown)}; the options are {sorted(OPTION_CHECKS)}")
+    check_args(owner, OPTION_CHECKS, **options)
+    options = {k: whole(v) if OPTION_CHECKS[k].integer else float(v) for k, v in options.items()}
+    hyper = tuple(None if v is None else float(v) for v in (prior_inclusion, slab_scale, noise_scale))
+    budget = None if time_budget is None else float(time_budget)
     with thread_policy(threads):
-        run = dict(device=device, dtype=dtype, num_draws=num_draws, seed=seed, method=method, time_budget=time_budget)
-        return _select(X, y, family, (prior_inclusion, slab_scale, noise_scale), feature_names, run, options)
+        run = dict(device=device, dtype=dtype, num_draws=whole(num_draws), seed=seed, method=method, time_budget=budget)
+        return _select(X, y, family, hyper, feature_names, run, options)
+
+
+def _device(device, X):
+    """The device to compute on: ``device``, else that of a tensor ``X``, else the CPU; checked to be usable."""
+    if device is None:
+        return X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"select_variables: device must be None, a string or a torch.device, got {device!r}")
+    try:
+        device = torch.device(device)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:
+        raise ValueError(f"select_variables: device {str(device)!r} cannot be used here: {err}") from None
+    return device
+
+
+def _internal_scales(hyper, family, k, y_sd):
+    r"""``slab_scale`` and ``noise_scale`` in the units of the standardised ``y`` (divided by ``2**k``), each
+    checked to lie within :data:`SCALE_RANGE` times ``y``'s standard deviation (Gaussian) or in
+    :data:`LOGIT_SLAB_RANGE` (bernoulli, logit units)."""
+    prior_inclusion, slab_scale, noise_scale = hyper
+    out = [prior_inclusion]
+    for name, value in (("slab_scale", slab_scale), ("noise_scale", noise_scale)):
+        if value is None:
+            out.append(None)
+            continue
+        if family == "bernoulli":
+            lo, hi = LOGIT_SLAB_RANGE
+            if not lo <= value <= hi:
+                raise ValueError(
+                    f"select_variables: slab_scale must lie in [{lo:g}, {hi:g}] for family='bernoulli' (the prior sd "
+                    f"of a coefficient, in logits per standard deviation of its feature), got {value!r}"
+                )
+            out.append(value)
+            continue
+        inner = math.ldexp(value, -k)
+        lo, hi = SCALE_RANGE
+        if not lo * y_sd <= inner <= hi * y_sd:
+            sd = math.ldexp(y_sd, k)
+            raise ValueError(
+                f"select_variables: {name} must lie within [{lo:g}, {hi:g}] x the standard deviation of y ({sd:.6g}), "
+                f"that is in [{lo * sd:.6g}, {hi * sd:.6g}], got {value!r}: beyond, the spike-and-slab posterior "
+                "is its limit (every probability at the prior, or at 0) and its computation overflows"
+            )
+        out.append(inner)
+    return tuple(out)
 
 
 def _select(X, y, family, hyper, feature_names, run, options):
-    """:func:`select_variables` after its first checks, under its thread policy.
+    """:func:`select_variables` after its argument checks, under its thread policy.
 
     ``hyper``: ``(prior_inclusion, slab_scale, noise_scale)``; ``run``: device, dtype, num_draws, seed,
-    method and time_budget, as given to :func:`select_variables`.
+    method and time_budget, checked.
     """
-    prior_inclusion, slab_scale, noise_scale = hyper
     device, dtype, num_draws, seed = run["device"], run["dtype"], run["num_draws"], run["seed"]
     method, time_budget = run["method"], run["time_budget"]
-    if device is None:
-        device = X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
-    device = torch.device(device)
-    x = _as_tensor(X, "X", dtype, device)
-    yt = _as_tensor(y, "y", dtype, device)
-    xs, yc, _, x_scale = _standardise(x, yt, family)
+    device = _device(device, X)
+    x = _as_float64(X, "X", device)
+    yt = _as_float64(y, "y", device)
+    xs, yc, (x_scale, x_exponent), k, y_sd = _standardise(x, yt, family)
+    xs, yc = xs.to(dtype), yc.to(dtype)
+    noise_given = hyper[2] is not None
+    n, p = xs.shape
+    if family == "gaussian" and not noise_given and method != "variational" and n - 1 <= p and n <= FEW_ROWS:
+        raise ValueError(
+            f"select_variables: {n} observations for {p} features: with noise_scale=None the sampler draws the noise "
+            "under the Jeffreys prior, whose posterior is improper where a model of n - 1 features fits y exactly, "
+            f"and with n <= {FEW_ROWS} the sampler reaches such models. Pass noise_scale, or method='variational' "
+            f"(the fit's own noise estimate), or use more than {FEW_ROWS} (or more than p + 1) observations"
+        )
+    prior_inclusion, slab_scale, noise_scale = _internal_scales(hyper, family, k, y_sd)
     names = list(feature_names) if feature_names is not None else list(range(x.shape[1]))
     if len(names) != x.shape[1]:
-        raise ValueError(f"{len(names)} feature names for {x.shape[1]} columns")
-    unknown = set(options) - {"num_effects", "tol", "max_iter", "rounds", "lr", "max_steps", "num_chains", "mcmc_steps"}
-    if unknown:
-        raise TypeError(f"unknown options {sorted(unknown)}")
-    generator = torch.Generator(device=device).manual_seed(int(seed))
+        raise ValueError(f"select_variables: feature_names holds {len(names)} feature names for the {x.shape[1]} columns of X")
+    generator = torch.Generator(device=device).manual_seed(seed)
     opts = {
         "num_effects": 10,
         "tol": 1e-3 if family == "gaussian" else 1e-4,
@@ -809,7 +958,7 @@ def _select(X, y, family, hyper, feature_names, run, options):
         "rounds": 3,
         "lr": 0.05,
         "max_steps": 5000 if method == "variational" else LOGISTIC_START_STEPS,
-        "num_draws": int(num_draws),
+        "num_draws": num_draws,
         "generator": generator,
         "num_chains": 4,
         "mcmc_steps": MCMC_STEPS if method == "auto" else MAX_MCMC_STEPS,
@@ -817,29 +966,39 @@ def _select(X, y, family, hyper, feature_names, run, options):
     }
     # the Bernoulli fit draws its gates from the global generator: seed it, leaving the caller's state alone
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(int(seed))
+        torch.manual_seed(seed)
         if family == "gaussian":
             fit = _select_gaussian(xs, yc, prior_inclusion, slab_scale, noise_scale, opts)
         else:
             fit = _select_bernoulli(xs, yc, prior_inclusion, slab_scale, opts)
-        budget = TIME_BUDGET if time_budget is None else float(time_budget)
+        budget = TIME_BUDGET if time_budget is None else time_budget
         if method == "mcmc" or (method == "auto" and not fit["khat"] <= KHAT_THRESHOLD):
-            fit = _refine(fit, xs, yc, family, opts, budget, noise_given=noise_scale is not None)
+            fit = _refine(fit, xs, yc, family, opts, budget, noise_given=noise_given)
         elif method == "auto":
-            fit = _verify(fit, xs, yc, family, opts, budget, noise_given=noise_scale is not None)
+            fit = _verify(fit, xs, yc, family, opts, budget, noise_given=noise_given)
     inclusion, capped = _cap(fit)
     if capped.size:
         fit["details"]["uncapped"] = np.asarray(fit["inclusion"], dtype=np.float64)
+    prior_out, slab_out, noise_out = fit["hyper"]
+    if family == "gaussian":  # back to the units of y
+        slab_out, noise_out = math.ldexp(slab_out, k), math.ldexp(noise_out, k)
+        if "noise_scale_mean" in fit["details"]:
+            fit["details"]["noise_scale_mean"] = math.ldexp(fit["details"]["noise_scale_mean"], k)
+        if "elbo" in fit["details"]:  # log p(y) = log p(y / 2**k) - n k log 2
+            fit["details"]["elbo"] = [e - x.shape[0] * k * math.log(2.0) for e in fit["details"]["elbo"]]
+    coefficients = np.ldexp(
+        np.asarray(fit["coef"], dtype=np.float64) / x_scale.cpu().numpy(), k - x_exponent.cpu().numpy()
+    )
     result = SelectionResult(
         inclusion_probabilities=inclusion,
-        coefficients=np.asarray(fit["coef"], dtype=np.float64) / x_scale.cpu().numpy(),
+        coefficients=coefficients,
         credible_sets=fit["sets"],
         khat=float(fit["khat"]),
         method=fit["method"],
         family=family,
-        prior_inclusion=fit["hyper"][0],
-        slab_scale=fit["hyper"][1],
-        noise_scale=fit["hyper"][2],
+        prior_inclusion=prior_out,
+        slab_scale=slab_out,
+        noise_scale=noise_out,
         variational_probabilities=np.asarray(fit["variational"], dtype=np.float64),
         feature_names=names,
         draws=np.asarray(fit["draws"]),
