@@ -291,3 +291,113 @@ def test_llama_final_cut_keeps_an_attention_branch():
         kept = [n.split(".")[-2] for n, m in zip(names, masks, strict=True) if m.any() and "l0_" in n]
         kept = sorted(k for k in kept if k in ("l0_attention", "l0_mlp"))
         assert kept == ([] if allowed else ["l0_attention", "l0_mlp"])
+
+
+# ------------------------------------------------------------------------ an HF model after pruning
+
+_LOAD = """
+import sys, torch, transformers
+transformers.logging.set_verbosity_error()
+assert not any(m.startswith("l0bayes") for m in sys.modules)
+out = {}
+for folder in sys.argv[2:]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    model.generation_config.eos_token_id = None
+    ids = torch.load(sys.argv[1] + "/ids.pt", weights_only=True)
+    with torch.no_grad():
+        out[folder + "/logits"] = model(ids).logits
+        out[folder + "/greedy"] = model.generate(ids[:1, :4], max_new_tokens=4, do_sample=False, use_cache=True,
+                                                 pad_token_id=0)
+    assert not any(m.startswith("l0bayes") for m in sys.modules)
+torch.save(out, sys.argv[1] + "/out.pt")
+"""
+
+
+def _greedy(model, ids, steps):
+    """Greedy tokens by full forward passes (no KV cache): the reference for generate()."""
+    with torch.no_grad():
+        for _ in range(steps):
+            ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], dim=1)
+    return ids
+
+
+#: Query heads kept per block in the round trip: Mistral's tiny config has one key-value head (4 query heads per
+#: group); OPT's and GPT-NeoX's configs derive the head width from hidden_size / heads, so they keep all heads.
+ROUND_TRIP_HEADS = {"llama": 2, "qwen2": 2, "mistral": 4, "gpt_neox": 4, "opt": 4}
+
+
+@pytest.mark.parametrize("families", [("llama",), pytest.param(("qwen2", "mistral", "gpt_neox", "opt"))])
+def test_uniform_pruned_model_round_trips_in_process(tmp_path, families):
+    """fix_architecture, prune: a model of the same class whose config has the kept sizes, rebuilt by
+    from_pretrained with the same logits; generate() with the KV cache gives the gated model's greedy tokens."""
+    from l0bayes.pruning import fix_architecture
+
+    ids = _ids(2, seed=3)
+    for family in families:
+        gated = sparsify_transformer(_family(family), example_inputs=_ids())
+        _random_gates(gated, 5)
+        fix_architecture(gated, num_attention_heads=ROUND_TRIP_HEADS[family], intermediate_size=20)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a uniform result: no warning
+            pruned = prune(gated.eval())
+        pruned.save_pretrained(tmp_path / family)
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / family).eval()
+        assert type(loaded) is type(pruned) and loaded.config.num_attention_heads == ROUND_TRIP_HEADS[family]
+        with torch.no_grad():
+            logits = gated(ids).logits
+            assert float((loaded(ids).logits - logits).abs().max()) <= 1e-5 * float(logits.abs().max())
+            loaded.generation_config.eos_token_id = None  # four tokens whatever they are
+            tokens = loaded.generate(ids[:1, :4], max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0)
+        assert torch.equal(tokens, _greedy(gated, ids[:1, :4], 4))
+
+
+@pytest.mark.slow
+def test_uniform_pruned_model_round_trips_through_from_pretrained(tmp_path, families=tuple(ROUND_TRIP_HEADS)):
+    """As above, loaded in a process that never imports l0bayes (slow: the import of transformers alone)."""
+    import subprocess
+    import sys
+
+    from l0bayes.pruning import fix_architecture
+
+    ids = _ids(2, seed=3)
+    torch.save(ids, tmp_path / "ids.pt")
+    expected, folders = {}, []
+    for family in families:
+        gated = sparsify_transformer(_family(family), example_inputs=_ids())
+        _random_gates(gated, 5)
+        heads = ROUND_TRIP_HEADS[family]
+        fix_architecture(gated, num_attention_heads=heads, intermediate_size=20)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a uniform result: no warning
+            pruned = prune(gated.eval())
+        assert type(pruned) is type(_family(family))
+        assert pruned.config.num_attention_heads == heads and count_parameters(pruned) < count_parameters(gated)
+        entries = pruned.config.to_dict()
+        assert entries.get("intermediate_size", entries.get("ffn_dim")) == 20
+        folder = str(tmp_path / family)
+        pruned.save_pretrained(folder)
+        folders.append(folder)
+        with torch.no_grad():
+            expected[folder] = (gated(ids).logits, _greedy(gated, ids[:1, :4], 4))
+    run = subprocess.run([sys.executable, "-c", _LOAD, str(tmp_path), *folders], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    for folder, (logits, greedy) in expected.items():
+        assert float((out[folder + "/logits"] - logits).abs().max()) <= 1e-5 * float(logits.abs().max())
+        assert torch.equal(out[folder + "/greedy"], greedy)
+
+
+def test_a_config_that_cannot_describe_the_pruned_model_is_kept_with_a_warning():
+    """GPT-2's config derives the head width from n_embd / n_head: fewer heads of 8 features are not a GPT-2
+    config, so the config is kept and prune says why; without pruned heads the config is updated."""
+    from l0bayes.pruning import fix_architecture
+
+    gated = fix_architecture(sparsify_transformer(_family("gpt2"), example_inputs=_ids()), 2, intermediate_size=20)
+    with pytest.warns(UserWarning, match="keeps its original config.*attn"):
+        pruned = prune(gated.eval())
+    assert pruned.config.n_head == 4 and pruned.config.n_inner == 48
+    gated = fix_architecture(sparsify_transformer(_family("gpt2"), example_inputs=_ids()), 4, intermediate_size=20)
+    pruned = prune(gated.eval())
+    assert pruned.config.n_head == 4 and pruned.config.n_inner == 20
+    with pytest.raises(ValueError, match="num_attention_heads=3: block model.layers.0 has 4 query heads in groups"):
+        fix_architecture(sparsify_transformer(_family("llama"), example_inputs=_ids()), num_attention_heads=3)

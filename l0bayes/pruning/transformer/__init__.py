@@ -56,7 +56,7 @@ from .blocks import (
     Block,
 )
 from .gates import HeadGate, LayerGate, UnitGate
-from .prune import prune_transformer
+from .prune import fix_architecture, prune_transformer
 from .size import TransformerSize, flops_per_token
 
 __all__ = [
@@ -79,6 +79,7 @@ __all__ = [
     "TransformerSize",
     "UnitGate",
     "ZeroBranch",
+    "fix_architecture",
     "flops_per_token",
     "is_transformer_gated",
     "prune_transformer",

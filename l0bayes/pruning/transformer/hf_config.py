@@ -91,8 +91,8 @@ def update_config(plain, resolved):
     config.num_attention_heads = heads
     if "num_key_value_heads" in entries:
         config.num_key_value_heads = kv_heads
-    if "head_dim" in entries:
-        config.head_dim = head_dim
+    if "head_dim" in entries or entries.get("hidden_size", head_dim * heads) != head_dim * heads:
+        config.head_dim = head_dim  # read by Llama-family attentions, which default it to hidden_size // heads
     key = next((k for k in INTERMEDIATE_KEYS if k in entries), None)
     if key is not None:
         setattr(config, key, units)

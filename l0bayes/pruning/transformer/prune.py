@@ -248,3 +248,76 @@ def _check_equal(model, plain, example_inputs):
             "the pruned model differs from the gated one: does the attention's forward read its head count from "
             "the attribute prune() lowers, and is each branch's output its last linear layer's (scaled) output?"
         )
+
+
+#: The ``log_alpha`` of a gate fixed open (Eq. 13 gate exactly 1) or closed (exactly 0).
+FIXED_LOG_ALPHA = 50.0
+
+
+@torch.no_grad()
+def fix_architecture(model, num_attention_heads=None, num_key_value_heads=None, intermediate_size=None):
+    r"""Fix the gates of a model of :func:`sparsify_transformer` to one architecture, the same in every block.
+
+    In every gated block the best-ranked (largest ``log_alpha``) key-value groups (heads, without grouped-query
+    attention) and MLP units stay open, with Eq. 13 gate exactly 1, and the others are closed; the branch gates
+    are opened. :func:`~l0bayes.pruning.prune` then returns a model with exactly these sizes in every block (of
+    the same Hugging Face class with an updated config, which ``save_pretrained`` / ``from_pretrained``
+    rebuild). A size left ``None`` keeps its gates as they are (give all of them for a uniform result).
+
+    :param num_attention_heads: query heads per block: a multiple of the query heads per key-value group.
+    :param num_key_value_heads: key-value heads per block (with grouped-query attention; it must agree with
+        ``num_attention_heads`` when both are given).
+    :param intermediate_size: MLP units per block.
+    :returns: ``model``, its gates fixed (in place).
+    """
+    if not is_transformer_gated(model):
+        raise ValueError("fix_architecture needs a model of sparsify_transformer()")
+    for key, value in (
+        ("num_attention_heads", num_attention_heads),
+        ("num_key_value_heads", num_key_value_heads),
+        ("intermediate_size", intermediate_size),
+    ):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ValueError(f"{key} must be a positive int, got {value!r}")
+    for r in model._l0_transformer:
+        block = model.get_submodule(r.name)
+        per_group = r.num_heads // r.groups
+        groups = num_key_value_heads
+        if num_attention_heads is not None:
+            if num_attention_heads % per_group or num_attention_heads > r.num_heads:
+                raise ValueError(
+                    f"num_attention_heads={num_attention_heads}: block {r.name} has {r.num_heads} query heads in "
+                    f"groups of {per_group} (one per key-value head); give a multiple of {per_group} up to "
+                    f"{r.num_heads}"
+                )
+            if groups is not None and groups * per_group != num_attention_heads:
+                raise ValueError(
+                    f"num_attention_heads={num_attention_heads} and num_key_value_heads={groups} disagree: block "
+                    f"{r.name} keeps {per_group} query heads per key-value head"
+                )
+            groups = num_attention_heads // per_group
+        if groups is not None:
+            if groups > r.groups:
+                raise ValueError(f"num_key_value_heads={groups}: block {r.name} has {r.groups}")
+            _fix_top(block, r.heads_key, groups, "num_key_value_heads")
+        if intermediate_size is not None:
+            units = getattr(block, "l0_units", None)
+            if units is not None and intermediate_size > units.gate.num_gates:
+                raise ValueError(f"intermediate_size={intermediate_size}: block {r.name} has {units.gate.num_gates}")
+            _fix_top(block, "l0_units", intermediate_size, "intermediate_size")
+        for key in (r.branch_key, "l0_mlp"):
+            holder = getattr(block, key, None)
+            if holder is not None:
+                holder.gate.log_alpha.fill_(FIXED_LOG_ALPHA)
+    return model
+
+
+def _fix_top(block, key, k, what):
+    holder = getattr(block, key, None)
+    if holder is None:
+        raise ValueError(f"{what}: the blocks have no {key} gates (gated with heads=False or units=False)")
+    log_alpha = holder.gate.log_alpha
+    top = torch.topk(log_alpha.detach(), k).indices
+    fixed = torch.full_like(log_alpha, -FIXED_LOG_ALPHA)
+    fixed[top] = FIXED_LOG_ALPHA
+    log_alpha.copy_(fixed)
