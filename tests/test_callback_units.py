@@ -240,3 +240,28 @@ def test_tensor_batches_keep_the_data_on_the_run_device_in_the_same_order(device
     run = types.SimpleNamespace(device=device)
     for (xa, ya), (xb, yb) in zip(on_cpu(run), on_device(run), strict=True):
         assert xb.device.type == device.type and torch.equal(ya.to(device), yb) and torch.equal(xa.to(device), xb)
+
+
+def test_plain_keeps_what_a_safe_load_rebuilds_and_converts_numpy_scalars():
+    import collections
+    import fractions
+
+    import numpy as np
+
+    from l0bayes.inference.callbacks.base import plain
+
+    kept = {"a": None, "b": True, "c": 3, "d": 0.5, "e": "s", "f": torch.ones(2), "g": torch.Size([2]),
+            "h": collections.OrderedDict(x=1), "i": (1, [2.0, {"j": 1j}])}  # fmt: skip
+    assert plain(kept, "here") == kept and type(plain(kept, "here")["h"]) is collections.OrderedDict
+    converted = plain([np.float32(0.25), np.int8(-3), np.bool_(True), np.str_("t"), fractions.Fraction(1, 4)], "here")
+    assert converted == [0.25, -3, True, "t", 0.25]
+    assert [type(v) for v in converted] == [float, int, bool, str, float]
+    point = collections.namedtuple("Point", "x y")(np.float64(1.0), 2)
+    assert plain(point, "here") == (1.0, 2) and type(plain(point, "here")) is tuple  # its class cannot load
+    with io.BytesIO() as f:  # what comes out of plain() loads with weights_only=True
+        torch.save(plain({"k": point, "n": converted, "kept": kept}, "here"), f)
+        f.seek(0)
+        assert torch.load(f, weights_only=True)["k"] == (1.0, 2)
+    for bad, kind in [(np.zeros(2), "numpy.ndarray"), (object(), "builtins.object"), (slice(1), "builtins.slice")]:
+        with pytest.raises(TypeError, match=rf"^Mine put record\['k'\] = .*, a {kind}, which a checkpoint cannot hold"):
+            plain({"x": [bad]}, "Mine put record['k'] =")

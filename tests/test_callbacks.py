@@ -1,5 +1,6 @@
 """The training loop's callbacks: order of events, resume, TensorBoard, early stopping, own data and losses."""
 
+import itertools
 import time
 
 import pytest
@@ -101,13 +102,14 @@ def test_callbacks_must_be_callbacks_and_their_state_keys_distinct():
 @pytest.mark.parametrize("objective", ["bayes", "penalized", "constrained"])
 def test_resume_with_callbacks_is_bit_identical(objective, tmp_path, interrupt_at_epoch):
     x, y = _digits_like()
-    test = _digits_like(60, seed=1)
+    test, validation = _digits_like(60, seed=1), _digits_like(40, seed=2)
     kw = dict(objective=objective, epochs=4, batch_size=40, lr=0.02, seed=5, progress=False, test_data=test)
+    kw["validation_data"] = validation
     if objective == "constrained":
         kw.update(target_density=0.5, final_phase=0.5)
 
     def callbacks(log_dir):
-        return [Recorder(), EarlyStopping("test_error", patience=10), TensorBoard(log_dir)]
+        return [Recorder(), EarlyStopping(patience=10), TensorBoard(log_dir)]  # monitors validation_error
 
     straight_model = _classifier()
     straight = train(straight_model, x, y, callbacks=callbacks(tmp_path / "tb_straight"), **kw)
@@ -120,8 +122,10 @@ def test_resume_with_callbacks_is_bit_identical(objective, tmp_path, interrupt_a
     resumed = train(resumed_model, x, y, checkpoint=str(ckpt), resume=True, callbacks=callbacks(tmp_path / "tb"), **kw)
     for a, b in zip(straight_model.state_dict().values(), resumed_model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-    keys = ("mean_loss", "steps_seen", "best", "best_epoch", "test_error", "free_energy")
+    keys = ("mean_loss", "steps_seen", "best", "best_epoch", "validation_error", "test_error", "free_energy")
     assert [[h[k] for k in keys] for h in straight.history] == [[h[k] for k in keys] for h in resumed.history]
+    assert [h["best"] for h in straight.history] == list(itertools.accumulate(
+        (h["validation_error"] for h in straight.history), min))  # fmt: skip
 
 
 def _scalars(log_dir):
@@ -172,7 +176,7 @@ def test_tensorboard_resume_purges_what_came_after_the_checkpoint(tmp_path, inte
 
 def test_early_stopping_stops_and_restores_the_best_state():
     x, y = _digits_like(200)
-    test = _digits_like(100, seed=1)
+    validation = _digits_like(100, seed=1)
 
     class Spy(Callback):
         def __init__(self):
@@ -183,13 +187,13 @@ def test_early_stopping_stops_and_restores_the_best_state():
 
     spy = Spy()
     model = _classifier()
-    # lr so large that the test error gets worse after a few epochs
-    stop = EarlyStopping("test_error", patience=2)
+    # lr so large that the validation error gets worse after a few epochs
+    stop = EarlyStopping(patience=2)  # monitors validation_error
     result = train(
-        model, x, y, objective="penalized", epochs=30, batch_size=50, lr=0.5, progress=False, test_data=test,
-        callbacks=[stop, spy],
+        model, x, y, objective="penalized", epochs=30, batch_size=50, lr=0.5, progress=False,
+        validation_data=validation, callbacks=[stop, spy],
     )  # fmt: skip
-    errors = [r["test_error"] for r in result.history]
+    errors = [r["validation_error"] for r in result.history]
     best = min(range(len(errors)), key=lambda i: (errors[i], i))
     assert len(result.history) < 30 and result.history[-1]["stopped_early"]
     assert len(result.history) == best + 1 + 2  # stopped after `patience` epochs without improvement
@@ -301,3 +305,119 @@ def test_the_first_batches_of_an_iterable_are_checked_and_a_list_of_two_batches_
     two_batches = [(x[:60], y[:60]), (x[60:], y[60:])]  # test data as a list of two batches, not a pair
     result = train(_classifier(), x, y, epochs=1, progress=False, test_data=two_batches)
     assert 0 <= result.history[-1]["test_error"] <= 1
+
+
+# -------------------------------------------------------------------------- another run's data, resumed settings
+def test_a_resumed_run_refuses_another_runs_tensorboard_directory_and_leaves_its_events(tmp_path):
+    pytest.importorskip("tensorboard")
+    x, y = _digits_like()
+    kw = dict(epochs=4, batch_size=40, progress=False, objective="penalized")
+    run_a = tmp_path / "a"
+    train(_classifier(), x, y, callbacks=[TensorBoard(run_a)], **kw)
+    before = _scalars(run_a)
+    assert [s for s, _ in before["mean_loss"]] == [1, 2, 3, 4]
+    ckpt_b = tmp_path / "b.pt"
+    for logged in (None, tmp_path / "b_logs"):  # run B without TensorBoard, and with its own directory
+        callbacks = [] if logged is None else [TensorBoard(logged)]
+        train(_classifier(), x, y, checkpoint=str(ckpt_b), lr=0.01, callbacks=callbacks, **{**kw, "epochs": 2})
+        time.sleep(1.1)  # (a new event file would sort after A's)
+        with pytest.raises(FileExistsError, match=r"holds event files of another run .*steps after 2"):
+            train(_classifier(), x, y, checkpoint=str(ckpt_b), resume=True, lr=0.01,
+                  callbacks=[TensorBoard(run_a)], **kw)  # fmt: skip
+        assert _scalars(run_a) == before  # A's step 3 and 4 as they were
+    # B resumed into its own directory continues its curve after its checkpoint
+    resumed = train(_classifier(), x, y, checkpoint=str(ckpt_b), resume=True, lr=0.01,
+                    callbacks=[TensorBoard(tmp_path / "b_logs")], **kw)  # fmt: skip
+    logged = _scalars(tmp_path / "b_logs")["mean_loss"]
+    assert logged == [(r["epoch"], pytest.approx(r["mean_loss"], rel=1e-6)) for r in resumed.history]
+
+
+def test_early_stopping_resumed_with_another_monitor_or_mode_is_refused(tmp_path):
+    x, y = _digits_like()
+    kw = dict(epochs=4, batch_size=40, progress=False, objective="penalized", checkpoint=str(tmp_path / "c.pt"))
+    train(_classifier(), x, y, callbacks=[EarlyStopping("free_energy", patience=9)], **{**kw, "epochs": 2})
+    for other, message in [
+        (EarlyStopping("mean_loss", patience=9), "monitor 'free_energy' -> 'mean_loss'"),
+        (EarlyStopping("free_energy", mode="max", patience=9), "mode 'min' -> 'max'"),
+    ]:
+        with pytest.raises(ValueError, match=rf"cannot resume EarlyStopping: .*{message}"):
+            train(_classifier(), x, y, resume=True, callbacks=[other], **kw)
+    # patience may change: the best value and the epochs waited carry over
+    stop = EarlyStopping("free_energy", patience=20)
+    result = train(_classifier(), x, y, resume=True, callbacks=[stop], **kw)
+    energies = [r["free_energy"] for r in result.history]
+    assert [r["best"] for r in result.history] == list(itertools.accumulate(energies, min))
+
+
+def test_early_stopping_refuses_a_flag_or_a_list():
+    for name, held in [("full_record", "a flag"), ("lr", "a list"), ("active_gates", "a list")]:
+        with pytest.raises(ValueError, match=rf"monitor='{name}': the record's '{name}' is {held}"):
+            EarlyStopping(name)
+    with pytest.raises(TypeError, match="monitor must be the name of a record entry"):
+        EarlyStopping(3)
+
+    class PerClass(Callback):  # a user's entry that is a list, found at the first record
+        def on_epoch_end(self, run, record):
+            record["per_class"] = [0.1, 0.2]
+
+    x, y = _digits_like()
+    with pytest.raises(ValueError, match=r"monitor='per_class'\): the record's 'per_class' is \[0.1, 0.2\] \(a list\)"):
+        train(_classifier(), x, y, epochs=1, progress=False, callbacks=[PerClass(), EarlyStopping("per_class")])
+
+
+def test_numpy_scalars_in_the_record_become_numbers_and_other_objects_are_refused(tmp_path):
+    np = pytest.importorskip("numpy")
+
+    class Entries(Callback):
+        def __init__(self, value):
+            self.value = value
+
+        def on_epoch_end(self, run, record):
+            record["mine"] = self.value
+
+    x, y = _digits_like()
+    kw = dict(epochs=1, progress=False, checkpoint=str(tmp_path / "c.pt"))
+    result = train(_classifier(), x, y, callbacks=[Entries({"a": np.float32(0.5), "b": [np.int64(3)]})], **kw)
+    entry = result.history[-1]["mine"]
+    assert entry == {"a": 0.5, "b": [3]} and type(entry["a"]) is float and type(entry["b"][0]) is int
+    from l0bayes.io import load_checkpoint
+
+    assert load_checkpoint(tmp_path / "c.pt")["history"][-1]["mine"] == {"a": 0.5, "b": [3]}  # weights_only
+    with pytest.raises(TypeError, match=r"^Entries put record\['mine'\] = array\(\[1\., 2\.\]\), a numpy.ndarray"):
+        train(_classifier(), x, y, callbacks=[Entries(np.array([1.0, 2.0]))], **kw)
+
+
+def test_validation_data_is_recorded_as_an_independent_evaluation_and_monitored_by_default():
+    x, y = _digits_like()
+    xv, yv = _digits_like(50, seed=3)
+    kw = dict(epochs=3, batch_size=40, progress=False, objective="penalized", lr=0.05)
+    plain_model, model = _classifier(), _classifier()
+    plain = train(plain_model, x, y, **kw)
+    stop = EarlyStopping(patience=5)
+    result = train(model, x, y, validation_data=(xv, yv), callbacks=[stop], **kw)
+    # the evaluation does not change the training draws
+    for a, b in zip(plain_model.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert [r["mean_loss"] for r in plain.history] == [r["mean_loss"] for r in result.history]
+    with torch.no_grad():
+        expected = float((model.eval()(xv).argmax(-1) != yv).double().mean())  # the last epoch's parameters
+    assert result.history[-1]["validation_error"] == pytest.approx(expected, abs=1e-12)
+    assert stop.best == min(r["validation_error"] for r in result.history) and "test_error" not in result.history[0]
+    with pytest.raises(ValueError, match=r"monitors the validation metric by default, but train\(\) was given no"):
+        train(_classifier(), x, y, callbacks=[EarlyStopping()], **kw)
+    with pytest.warns(UserWarning, match="chooses the best epoch on the test data"):
+        EarlyStopping("test_error")
+    with pytest.raises(TypeError, match="validation_data is an iterator"):
+        train(_classifier(), x, y, validation_data=(b for b in [(xv, yv)]), **kw)
+    with pytest.raises(TypeError, match=r"validation_data\[0\] has dtype torch.float64"):
+        train(_classifier(), x, y, validation_data=(xv.double(), yv), **kw)
+
+
+def test_a_resume_with_other_validation_data_is_refused(tmp_path):
+    x, y = _digits_like()
+    kw = dict(epochs=2, batch_size=40, progress=False, objective="penalized", checkpoint=str(tmp_path / "c.pt"))
+    train(_classifier(), x, y, validation_data=_digits_like(40, seed=2), **{**kw, "epochs": 1})
+    with pytest.raises(ValueError, match=r"the run changed: validation_data \(tensors -> tensors"):
+        train(_classifier(), x, y, resume=True, validation_data=_digits_like(40, seed=4), **kw)
+    with pytest.raises(ValueError, match=r"the run changed: validation_data \(tensors -> none"):
+        train(_classifier(), x, y, resume=True, **kw)

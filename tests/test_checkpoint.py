@@ -204,3 +204,32 @@ def test_resume_reads_rng_states_onto_the_cpu(tmp_path):
     assert state["rng"]["torch"].device.type == "cpu" and state["shuffle"].device.type == "cpu"
     torch.set_rng_state(state["rng"]["torch"])  # what resuming does with it
     assert all(t.device.type == "cpu" for t in state["model"].values())
+
+
+def test_a_callback_state_is_saved_with_numbers_and_a_foreign_object_is_refused_by_name(tmp_path):
+    """NumPy scalars in a callback's state become Python numbers; an object that a weights_only load cannot
+    rebuild is refused naming the callback, not a temporary file."""
+    from l0bayes.inference import train
+    from l0bayes.inference.callbacks import Callback
+    from l0bayes.models import SparseLinearRegression
+
+    class Counter(Callback):
+        state_key = "counter"
+
+        def __init__(self, value):
+            self.value = value
+
+        def state_dict(self):
+            return {"value": self.value}
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(20, 3, generator=g), torch.randn(20, generator=g)
+    path = tmp_path / "c.pt"
+    kw = dict(epochs=1, progress=False, checkpoint=str(path))
+    train(SparseLinearRegression(3), x, y, callbacks=[Counter(np.float64(2.5))], **kw)
+    saved = load_checkpoint(path)["callbacks"]["counter"]["value"]
+    assert saved == 2.5 and type(saved) is float
+    refused = r"^the state_dict\(\) of callback 'counter' holds <object object at \w+>, a builtins.object, which a"
+    with pytest.raises(TypeError, match=refused):
+        train(SparseLinearRegression(3), x, y, callbacks=[Counter([1.0, object()])], **kw)
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]

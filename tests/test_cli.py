@@ -41,7 +41,9 @@ def test_fit_in_process(tmp_path, capsys):
     assert [r["epoch"] for r in history] == [1, 2]
     with open(out / "history.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 and float(rows[1]["test_error"]) == pytest.approx(history[1]["test_error"])
+    assert len(rows) == 2 and float(rows[1]["validation_error"]) == pytest.approx(history[1]["validation_error"])
+    # the epochs are followed on the validation split; the test split is evaluated once, for the table
+    assert not any("test_error" in r for r in history)
     # the saved pruned model, re-evaluated on an independently loaded test split, gives the reported error
     saved, metadata = load_pruned(out / "pruned.pt")  # weights_only=True: no code from the file
     summary = json.loads((out / "summary.json").read_text())
@@ -72,8 +74,8 @@ def test_fit_variants(tmp_path, capsys, extra):
     # the returned model is the one the history's last record evaluated (with --ema: the averaged parameters)
     summary = json.loads((tmp_path / "summary.json").read_text())
     last = json.loads((tmp_path / "history.json").read_text())[-1]
-    if last.get("test_error") is not None:  # classifiers; a regression reports another metric
-        assert summary["test"] == pytest.approx(last["test_error"])
+    if last.get("validation_error") is not None:  # classifiers; a regression reports another metric
+        assert summary["val"] == pytest.approx(last["validation_error"])
 
 
 def test_fit_on_an_idx_directory(tmp_path, capsys):
@@ -490,8 +492,8 @@ def test_tensorboard_flag_logs_the_run_and_resumes_it(tmp_path, capsys):
     events = EventAccumulator(str(logs))
     events.Reload()
     history = json.loads((out / "history.json").read_text())
-    logged = [(e.step, e.value) for e in events.Scalars("test_error")]
-    assert logged == [(r["epoch"], pytest.approx(r["test_error"])) for r in history]
+    logged = [(e.step, e.value) for e in events.Scalars("validation_error")]
+    assert logged == [(r["epoch"], pytest.approx(r["validation_error"])) for r in history]
     assert {"open_gates/fc1", "open_gates/fc2", "open_gates/fc3"} <= set(events.Tags()["scalars"])
     capsys.readouterr()
     # a new run into a directory with another run's events is refused in one line

@@ -94,6 +94,13 @@ def _train(cfg, run, model, data, targets, resume, main_process):
     from .. import inference
 
     y_train, y_test = targets
+    # The per-epoch held-out metric is the validation split's; the test split is evaluated once, at the end
+    # (the final table). Without a validation split (--val-fraction 0) nothing is chosen on held-out data and
+    # the history records the test metric, the curve the paper plots.
+    if data.x_val is not None:
+        held_out = {"validation_data": (data.x_val, data.y_val.to(y_train.dtype)), "test_data": None}
+    else:
+        held_out = {"test_data": (data.x_test, y_test)}
     start = time.perf_counter()
     try:
         result = inference.train(
@@ -106,7 +113,7 @@ def _train(cfg, run, model, data, targets, resume, main_process):
             lr=cfg["lr"],
             device=cfg["device"],
             seed=cfg["seed"],
-            test_data=(data.x_test, y_test),
+            **held_out,
             target_density=cfg["target_density"],
             target_flops=cfg.get("target_flops"),
             per_layer=bool(cfg["per_layer"]),

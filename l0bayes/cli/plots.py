@@ -1,16 +1,23 @@
 """The plots of a run: ``training.png`` (per epoch) and ``gates.png`` (q(z != 0) of every gate).
 
-``training.png`` has the test metric and the expected FLOPs (with the dense network's FLOPs as a
-reference line), and for a constrained run a third panel: the expected and the test-time density
-against the target. ``gates.png`` marks q(z != 0) = 0.5, the median-probability model's threshold.
-Layers are named as in ``--lam`` (``fc1``, not the model's attribute path ``net.fc1``).
+``training.png`` has the validation metric (the test metric without a validation split) and the expected
+FLOPs (with the dense network's FLOPs as a reference line), and for a constrained run a third panel: the
+expected and the test-time density against the target. ``gates.png`` marks q(z != 0) = 0.5, the
+median-probability model's threshold. Layers are named as in
+``--lam`` (``fc1``, not the model's attribute path ``net.fc1``).
 
 matplotlib (Agg backend) is imported here only; without it :func:`write_plots` returns ``None`` and the
 command says that the plots were skipped.
 """
 
-# (history key, axis label, scale) of the per-epoch panels, in order of preference
-TEST_METRICS = (("test_error", "test error (%)", 100.0), ("test_rmse", "test RMSE (standardised y)", 1.0))
+# (history key, axis label, scale) of the per-epoch panels, in order of preference: the history holds the
+# validation metric when the run had a validation split, else the test metric
+TEST_METRICS = (
+    ("validation_error", "validation error (%)", 100.0),
+    ("validation_rmse", "validation RMSE (standardised y)", 1.0),
+    ("test_error", "test error (%)", 100.0),
+    ("test_rmse", "test RMSE (standardised y)", 1.0),
+)
 OTHER_PANELS = (
     ("expected_flops", "expected FLOPs", 1.0),
     ("expected_l0", "expected L0 (Eq. 16)", 1.0),
@@ -29,7 +36,8 @@ def _recorded(history, key):
 def training_panels(history, final_metric=None):
     """The panels of ``training.png`` as ``(key, label, scale)``, never one without values.
 
-    The first is the per-epoch test metric (error, or RMSE for a regression when the history records it);
+    The first is the per-epoch validation metric, or test metric without a validation split (error, or RMSE
+    for a regression when the history records it);
     when the history has none and ``final_metric`` = ``(name, value)`` is given (a regression, whose
     per-epoch records hold no test metric), the first panel is ``("final", name, value)``: the final
     model's test metric, drawn at the last epoch. The second is the first recorded of expected FLOPs,

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-__all__ = ["BEFORE_FINAL_PHASE", "check_signature", "resume_point", "run_signature"]
+__all__ = ["BEFORE_FINAL_PHASE", "check_signature", "held_out_signature", "resume_point", "run_signature"]
 
 #: The checkpoint entry holding the run's state when its final phase began (a constrained run's fixed gates).
 BEFORE_FINAL_PHASE = "before_final_phase"
@@ -117,6 +117,17 @@ def run_signature(objective, lr, batch_size, x, y):
     return {"objective": objective, "lr": float(lr), "batch_size": int(batch_size), "data": data}
 
 
+def held_out_signature(data):
+    """The fingerprint of ``validation_data`` a resume must match (what early stopping chose on): shapes and
+    sums of a pair of tensors, ``"batches"`` for an iterable of batches (which has none), ``None`` without."""
+    if data is None:
+        return None
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(torch.is_tensor(t) for t in data):
+        with torch.no_grad():
+            return [[list(t.shape), float(t.sum(dtype=torch.float64))] for t in data]
+    return "batches"
+
+
 def check_signature(state, signature, checkpoint):
     saved = state.get("run")
     if saved is None:  # written before checkpoints stored it
@@ -132,6 +143,9 @@ def _differences(name, old, new):
     """``["name.key old -> new", ...]`` for every leaf where two plain containers differ."""
     if name == "data":
         return [] if old == new else ["data (shape or values of x, y)"]
+    if name == "validation":
+        kinds = ["none" if v is None else "batches" if v == "batches" else "tensors" for v in (old, new)]
+        return [] if old == new else [f"validation_data ({kinds[0]} -> {kinds[1]}, or other shapes or values)"]
     if isinstance(old, dict) and isinstance(new, dict) and old.get("type") == new.get("type"):
         return [c for k in sorted(set(old) | set(new)) for c in _differences(f"{name}.{k}", old.get(k), new.get(k))]
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):

@@ -8,6 +8,7 @@ short loop of :func:`~l0bayes.inference.loop.fit`. Data-parallel training lives 
 :mod:`~l0bayes.inference.distributed`.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +36,7 @@ from .graphed import GraphedStep
 from .loop import ACCELERATOR_CHECK_EVERY, FiniteCheck, Run, fit
 from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, RANK, WAIT, make_objective
 from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr
-from .resume import check_signature, resume_point, run_signature
+from .resume import check_signature, held_out_signature, resume_point, run_signature
 
 __all__ = ["NonFiniteLossError", "OBJECTIVES", "ParameterAverage", "TrainResult", "resolve_device", "train"]
 
@@ -62,6 +63,7 @@ def train(
     device="auto",
     seed=0,
     test_data=None,
+    validation_data=None,
     target_density=None,
     target_flops=None,
     rank=RANK,
@@ -121,7 +123,14 @@ def train(
         multipliers; :attr:`TrainResult.device` says where it trained. Tensor data are copied to the device
         once (where they fit) rather than one minibatch at a time.
     :param int seed: seeds torch, numpy and Python; runs are reproducible. A whole number in ``[0, 2**64)``.
-    :param test_data: optional ``(x_test, y_test)``; the test error is recorded each epoch.
+    :param test_data: optional ``(x_test, y_test)`` tensors or an iterable of ``(x, y)`` batches (e.g. a
+        ``DataLoader``); the test error (``test_error``; ``test_rmse`` of a linear regression, ``test_loss`` of a
+        model with its own loss) is recorded with each full record. Choose nothing on it (an epoch, a setting):
+        that is what ``validation_data`` is for, and the test data then estimate the chosen model's error.
+    :param validation_data: optional held-out data to choose on, given like ``test_data``; its metric is recorded
+        with each full record as ``validation_error`` (``validation_rmse``, ``validation_loss``), and
+        :class:`~l0bayes.inference.callbacks.EarlyStopping` monitors it by default. An iterator (a generator),
+        which one evaluation would use up, is refused for both; pass a list of batches or a ``DataLoader``.
     :param checkpoint: path of a checkpoint written at the end of every epoch; with ``resume=True``
         training continues from it exactly (same next steps, bit for bit, on the same machine). The
         checkpoint stores the objective, learning rate, batch size and a fingerprint of the data; resuming
@@ -207,8 +216,9 @@ def _train(arguments):
     model, x, y, distributed, device = (arguments[k] for k in ("model", "x", "y", "distributed", "device"))
     if torch.is_tensor(x):
         x, y = check_data(model, x, y, ("x", "y"))
-    if arguments["test_data"] is not None:
-        arguments["test_data"] = _test_data(model, arguments["test_data"])
+    for held_out in ("test_data", "validation_data"):
+        if arguments[held_out] is not None:
+            arguments[held_out] = _test_data(model, arguments[held_out], held_out)
     ddp = DataParallelContext(distributed, device)
     if arguments["compile"] and ddp.enabled:
         raise ValueError("compile=True is not supported with data-parallel training; leave compile off under torchrun")
@@ -245,17 +255,24 @@ def _fit(model, x, y, arguments, ddp):
     return fit(run)
 
 
-def _test_data(model, test_data):
-    """``test_data`` checked against the model: a pair of tensors, or an iterable of batches (used as given)."""
+def _test_data(model, test_data, name="test_data"):
+    """``test_data`` (or ``validation_data``: ``name``) checked against the model: a pair of tensors, or an
+    iterable of batches that can be iterated again (used as given)."""
     if isinstance(test_data, (tuple, list)) and test_data and torch.is_tensor(test_data[0]):
         if len(test_data) != 2:
-            raise TypeError(f"test_data must be a pair (x_test, y_test) of tensors, got {type(test_data).__name__}")
-        return check_data(model, *test_data, ("test_data[0]", "test_data[1]"))
+            raise TypeError(f"{name} must be a pair (x, y) of tensors, got {type(test_data).__name__}")
+        return check_data(model, *test_data, (f"{name}[0]", f"{name}[1]"))
     if torch.is_tensor(test_data) or not hasattr(test_data, "__iter__"):
         raise TypeError(
-            f"test_data must be a pair (x_test, y_test) of tensors or an iterable of (x, y) batches, "
-            f"got {type(test_data).__name__}"
+            f"{name} must be a pair (x, y) of tensors or an iterable of (x, y) batches, got {type(test_data).__name__}"
         )
+    if isinstance(test_data, Iterator):  # a generator: the first evaluation would use it up
+        raise TypeError(
+            f"{name} is an iterator ({type(test_data).__name__}), which the first evaluation would use up: "
+            "pass a list of (x, y) batches or a DataLoader"
+        )
+    if hasattr(test_data, "__len__") and len(test_data) == 0:
+        raise ValueError(f"{name} holds no batches")
     return test_data
 
 
@@ -285,6 +302,7 @@ def _build_run(model, x, y, a, ddp):
     run.finite = finite
     run.steps_per_epoch, run.is_main, run.schedule = batches.steps_per_epoch, ddp.is_main, schedule
     signature = run_signature(a["objective"], a["lr"], batches.batch_size, x, y)
+    signature["validation"] = held_out_signature(a["validation_data"])
     return run, {**signature, **settings}
 
 
@@ -310,7 +328,7 @@ def _callbacks(run, a, checkpointing, subset):
         built.append(LogAlphaProjection(*a["log_alpha_range"]))
     if a["ema_decay"] is not None:
         built.append(ParameterAveraging(a["ema_decay"]))
-    built.append(History(subset, a["test_data"], a["input_shape"], a["record_every"]))
+    built.append(History(subset, a["test_data"], a["input_shape"], a["record_every"], a["validation_data"]))
     if run.schedule is not None:
         built.append(LRSchedule(run.schedule))
     if a["progress"]:

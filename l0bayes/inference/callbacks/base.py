@@ -13,11 +13,24 @@ The loop of :func:`~l0bayes.inference.loop.fit` calls, in this order::
 
 ``run`` is the loop's :class:`~l0bayes.inference.loop.Run`: the model, the optimiser, the objective,
 the epoch and step counters, the history, and ``run.stop`` (set it to end training after this epoch).
+
+A record holds what a checkpoint can hold (it loads with ``weights_only=True``): ``None``, numbers, strings,
+tensors, and lists, tuples and dicts of them. After each callback's :meth:`~Callback.on_epoch_end`, NumPy
+scalars in the record become Python numbers (:func:`plain`) and anything else is a ``TypeError`` naming the
+callback and the entry.
 """
 
+import collections
 import contextlib
+import numbers
 
-__all__ = ["Callback", "CallbackList"]
+import numpy as np
+import torch
+
+__all__ = ["Callback", "CallbackList", "plain"]
+
+#: What a record and a callback's state may hold (besides tensors and containers of these).
+PLAIN = "None, numbers, strings, tensors, and lists, tuples and dicts of them"
 
 
 class Callback:
@@ -108,6 +121,8 @@ class CallbackList(Callback):
     def on_epoch_end(self, run, record):
         for cb in self.callbacks:
             cb.on_epoch_end(run, record)
+            for key, value in record.items():  # (a dict's values may be replaced while it is iterated)
+                record[key] = plain(value, f"{type(cb).__name__} put record[{key!r}] =")
 
     def on_fit_end(self, run):
         for cb in self.callbacks:
@@ -133,3 +148,43 @@ class CallbackList(Callback):
         for cb in self.callbacks:
             if cb.key in state:
                 cb.load_state_dict(state[cb.key])
+
+
+def plain(value, where):
+    """``value`` as a checkpoint can hold it: NumPy scalars (and other number types) as Python numbers.
+
+    :param str where: what put ``value`` there, for the message (e.g. ``"MyCallback put record['x'] ="``).
+    :raises TypeError: naming ``where`` and the value's type, for anything but ``None``, numbers, strings,
+        tensors, and lists, tuples and dicts of them (e.g. a NumPy array, a function, an object of a class).
+    """
+    if value is None or type(value) in _KEPT or torch.is_tensor(value):
+        return value
+    if isinstance(value, np.generic) and isinstance(value, (np.bool_, np.number, np.str_)):
+        return plain(value.item(), where)
+    if isinstance(value, numbers.Integral) and not isinstance(value, np.generic):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, np.generic):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (list, tuple, set, frozenset)):  # (a namedtuple becomes a tuple: its class cannot load)
+        items = [plain(v, where) for v in value]
+        return (
+            type(value)(items)
+            if type(value) in _KEPT_CONTAINERS
+            else (tuple if isinstance(value, tuple) else list)(items)
+        )
+    if isinstance(value, dict):
+        items = {plain(k, where): plain(v, where) for k, v in value.items()}
+        return type(value)(items) if type(value) in _KEPT_CONTAINERS else items
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise TypeError(
+        f"{where} {shown}, a {type(value).__module__}.{type(value).__qualname__}, which a checkpoint cannot hold "
+        f"(it loads with weights_only=True): use {PLAIN} (e.g. float(value) or value.tolist())"
+    )
+
+
+#: Values kept as they are (``torch.load(weights_only=True)`` rebuilds them).
+_KEPT = (bool, int, float, complex, str, bytes, torch.Size, torch.dtype, torch.device)
+_KEPT_CONTAINERS = (list, tuple, set, frozenset, dict, collections.OrderedDict)

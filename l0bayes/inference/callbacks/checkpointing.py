@@ -5,7 +5,7 @@ import torch
 from ...io import save_checkpoint
 from ..resume import BEFORE_FINAL_PHASE
 from ..rng import rng_state, set_rng_state
-from .base import Callback
+from .base import Callback, plain
 
 __all__ = ["Checkpointing"]
 
@@ -68,7 +68,10 @@ class Checkpointing(Callback):
         }
         if rank_rng is not None:
             state.update(self.ddp.checkpoint_extra(rank_rng))
-        callbacks = run.callbacks.state_dict()
+        # NumPy scalars as Python numbers; anything a weights_only load cannot rebuild is refused, naming the callback
+        callbacks = {
+            k: plain(v, f"the state_dict() of callback {k!r} holds") for k, v in run.callbacks.state_dict().items()
+        }
         state.update({k: callbacks.pop(k) for k in TOP_LEVEL if k in callbacks})
         if callbacks:
             state["callbacks"] = callbacks

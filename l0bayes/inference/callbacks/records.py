@@ -1,8 +1,9 @@
 """The per-epoch history record of a run: loss, time, the objective's entries, and every few epochs the full record.
 
 The full record holds every free-energy term on a fixed subset of the training data, the gates
-(expected L0, open gates per layer), the test error (or the test RMSE of a linear regression, or the
-mean test loss of a model with its own loss) and the expected FLOPs.
+(expected L0, open gates per layer), the validation and test error (or the RMSE of a linear regression, or the
+mean loss of a model with its own loss: ``validation_error`` / ``test_error``, ``validation_rmse`` /
+``test_rmse``, ``validation_loss`` / ``test_loss``) and the expected FLOPs.
 """
 
 import time
@@ -13,7 +14,10 @@ from ...nn.gates import gates_of
 from ..free_energy import FreeEnergy, free_energy
 from .base import Callback
 
-__all__ = ["History", "full_record"]
+__all__ = ["History", "VALIDATION_METRICS", "full_record"]
+
+#: The record entries of the validation data's metric, one per kind of model (the others are ``None`` or absent).
+VALIDATION_METRICS = ("validation_error", "validation_rmse", "validation_loss")
 
 
 class History(Callback):
@@ -21,15 +25,18 @@ class History(Callback):
 
     :param train_subset: ``(x, y)``: the fixed training examples of the full record's free energy.
     :param test_data: ``(x, y)`` tensors, or an iterable of such batches, or ``None``.
+    :param validation_data: the same, recorded as ``validation_error`` (``validation_rmse``,
+        ``validation_loss``): the data to choose on (:class:`~l0bayes.inference.callbacks.EarlyStopping`).
     :param input_shape: input shape (without batch) for the expected FLOPs of a gated network, or ``None``.
     :param int record_every: the full record every ``record_every`` epochs and at the last; the other
         epochs record only the mean training loss, wall time, step sizes and the objective's own entries.
         Each record says which it is (``full_record``).
     """
 
-    def __init__(self, train_subset, test_data=None, input_shape=None, record_every=1):
+    def __init__(self, train_subset, test_data=None, input_shape=None, record_every=1, validation_data=None):
         self.train_subset = train_subset
         self.test_data = test_data
+        self.validation_data = validation_data
         self.input_shape = input_shape
         self.record_every = int(record_every)
         self.start = None
@@ -47,13 +54,15 @@ class History(Callback):
         with run.callbacks.evaluation(run):
             record.update(run.objective.record())
             if full:
-                record.update(full_record(run, self.train_subset, self.test_data, self.input_shape))
+                record.update(
+                    full_record(run, self.train_subset, self.test_data, self.input_shape, self.validation_data)
+                )
         record["full_record"] = full
         run.history.append(record)
 
 
-def full_record(run, train_subset, test_data=None, input_shape=None):
-    """Every free-energy term on ``train_subset``, the gates, the test metrics and the expected FLOPs.
+def full_record(run, train_subset, test_data=None, input_shape=None, validation_data=None):
+    """Every free-energy term on ``train_subset``, the gates, the validation and test metrics and the expected FLOPs.
 
     The RNG state is restored afterwards, so that recording does not change the training draws.
     """
@@ -68,6 +77,9 @@ def full_record(run, train_subset, test_data=None, input_shape=None):
     gates = gates_of(model)
     record["expected_l0"] = float(sum(g.expected_l0() for _, g in gates).detach())
     record["active_gates"] = [int(g.active().sum()) for _, g in gates]
+    if validation_data is not None:  # test_metrics' names, "validation_" for "test_"
+        metrics = test_metrics(model, validation_data, device)
+        record.update({"validation_" + k.removeprefix("test_"): v for k, v in metrics.items()})
     if test_data is not None:
         record.update(test_metrics(model, test_data, device))
     if input_shape is not None:
