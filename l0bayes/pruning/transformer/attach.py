@@ -184,14 +184,14 @@ def _attach_block(model, r, heads, units, layers, gate_kwargs, may_remove_all=Fa
     """The gates of one block, in the order heads, units, attention branch, MLP branch (then a decoder layer's
     cross-attention heads and branch): the order of :func:`~l0bayes.nn.gates_of`."""
     block = model.get_submodule(r.name)
+    like = next((p for p in block.parameters() if p.is_floating_point()), None)
     if r.kind == "encoder":
         block.__class__ = _GatedTransformerEncoderLayer
     for att in _attentions(r):
         if att.kind in ("encoder", "mha"):
             model.get_submodule(att.attention).__class__ = _ExplicitMultiheadAttention
     if heads:
-        _attach_heads(model, block, r, gate_kwargs)
-    like = next((p for p in block.parameters() if p.is_floating_point()), None)
+        _attach_heads(model, block, r, gate_kwargs, like)
     if units:
         groups, per_unit = _unit_groups(model, r)
         down = model.get_submodule(r.down)

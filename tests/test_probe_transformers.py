@@ -1,0 +1,271 @@
+"""Property-based probes of the transformer surface: ``sparsify_transformer``, ``prune`` and ``fix_architecture``
+on tiny Hugging Face configs of every covered family, with random gate patterns and odd arguments.
+
+Every property checks an outcome: a ``TypeError`` / ``ValueError`` whose message names the argument, or a pruned
+model equal to the gated one (logits within 1e-5 of their scale) whose parameter count is the exact count of
+``network_size``. Each runs twice: a few examples in the default run (building and pruning a model costs about a
+tenth of a second, so fewer than the other probe suites), many more under ``-m slow``.
+"""
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from l0bayes.nn import gates_of
+from l0bayes.pruning import (
+    Block,
+    count_parameters,
+    fix_architecture,
+    network_size,
+    prune,
+    sparsify_transformer,
+)
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+#: Examples per property: the default run, and the ``slow`` profile.
+FAST, SLOW = 8, 100
+PROFILES = [pytest.param(FAST, id="fast"), pytest.param(SLOW, marks=pytest.mark.slow, id="slow")]
+VOCAB, T = 24, 6
+FAMILIES = ("llama", "qwen2", "mistral", "opt", "gpt_neox", "gpt2", "bert")
+
+
+def _profile(examples):
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None)
+
+
+def _ids(n=2, seed=0):
+    return torch.randint(0, VOCAB, (n, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _model(family, heads=4, kv_heads=2, head_dim=4, layers=2, units=12, seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    hidden = heads * head_dim
+    if family in ("llama", "qwen2", "mistral"):
+        config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}.get(
+            family, transformers.MistralConfig
+        )
+        config = config_class(
+            hidden_size=hidden, intermediate_size=units, num_hidden_layers=layers, num_attention_heads=heads,
+            num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=VOCAB, max_position_embeddings=T,
+        )  # fmt: skip
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    elif family == "opt":
+        config = transformers.OPTConfig(
+            vocab_size=VOCAB, hidden_size=hidden, ffn_dim=units, num_hidden_layers=layers, num_attention_heads=heads,
+            word_embed_proj_dim=hidden, max_position_embeddings=T,
+        )  # fmt: skip
+        model = transformers.OPTForCausalLM(config)
+    elif family == "gpt_neox":
+        config = transformers.GPTNeoXConfig(
+            vocab_size=VOCAB, hidden_size=hidden, intermediate_size=units, num_hidden_layers=layers,
+            num_attention_heads=heads, max_position_embeddings=T,
+        )  # fmt: skip
+        model = transformers.GPTNeoXForCausalLM(config)
+    elif family == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=VOCAB, n_positions=T, n_embd=hidden, n_layer=layers, n_head=heads, n_inner=units
+        )
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.BertConfig(
+            vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=units, max_position_embeddings=T,
+        )  # fmt: skip
+        model = transformers.BertModel(config, add_pooling_layer=False)
+    return model.to(dtype).eval()
+
+
+def _out(model, x):
+    out = model(x)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _set_gates(model, seed, p_closed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, gate in gates_of(model):
+            n = gate.num_gates
+            closed = torch.rand(n, generator=g) < p_closed
+            value = torch.where(closed, torch.full((n,), -9.0), torch.randn(n, generator=g) * 2.0 + 1.0)
+            gate.log_alpha.copy_(value.to(gate.log_alpha.dtype))
+
+
+def _assert_pruned_equals_gated(gated, x):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a non-uniform HF result keeps its config, and says so
+        pruned = prune(gated.eval())
+    with torch.no_grad():
+        a, b = _out(gated, x), _out(pruned, x)
+    assert a.shape == b.shape
+    assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+    assert network_size(gated).parameters("test") == count_parameters(pruned)
+    return pruned
+
+
+# --------------------------------------------------------------------------------------------- properties
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_pruned_equals_gated_for_every_family_and_gate_pattern(examples):
+    @_profile(examples)
+    @given(
+        family=st.sampled_from(FAMILIES),
+        heads=st.sampled_from([2, 4]),
+        groups=st.sampled_from([1, 2]),
+        head_dim=st.sampled_from([2, 4]),
+        layers=st.integers(1, 2),
+        units=st.integers(1, 12),
+        seed=st.integers(0, 2**16),
+        p_closed=st.sampled_from([0.0, 0.3, 0.7, 1.0]),
+    )
+    def prop(family, heads, groups, head_dim, layers, units, seed, p_closed):
+        grouped = family in ("llama", "qwen2", "mistral")
+        kv_heads = heads // groups if grouped else heads
+        model = _model(family, heads, kv_heads, head_dim, layers, units, seed)
+        gated = sparsify_transformer(model, example_inputs=_ids())
+        r = gated._l0_transformer[0]
+        assert (r.num_heads, r.groups, r.head_dim) == (heads, kv_heads, head_dim)
+        _set_gates(gated, seed, p_closed)
+        pruned = _assert_pruned_equals_gated(gated, _ids(3, seed=seed % 97))
+        if grouped:  # every kept attention stays a valid layout: as many query heads per key-value head
+            for layer in pruned.model.layers:
+                attn = layer.self_attn
+                if hasattr(attn, "q_proj"):
+                    assert attn.q_proj.out_features == attn.k_proj.out_features * (heads // kv_heads)
+
+    prop()
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_fixed_architecture_is_reached_exactly_and_uniformly(examples):
+    @_profile(examples)
+    @given(
+        family=st.sampled_from(("llama", "qwen2", "mistral")),
+        keep_groups=st.integers(1, 2),
+        units=st.integers(1, 12),
+        seed=st.integers(0, 2**16),
+    )
+    def prop(family, keep_groups, units, seed):
+        gated = sparsify_transformer(_model(family, 4, 2, 4, 2, 12, seed), example_inputs=_ids())
+        _set_gates(gated, seed, 0.5)
+        fix_architecture(gated, num_key_value_heads=keep_groups, intermediate_size=units)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # uniform: the config is updated, no warning
+            pruned = prune(gated.eval())
+        assert (pruned.config.num_key_value_heads, pruned.config.num_attention_heads) == (keep_groups, 2 * keep_groups)
+        assert pruned.config.intermediate_size == units
+        for layer in pruned.model.layers:
+            assert layer.self_attn.k_proj.out_features == 4 * keep_groups
+            assert layer.mlp.down_proj.in_features == units
+        with torch.no_grad():
+            a, b = _out(gated, _ids(2, 5)), _out(pruned, _ids(2, 5))
+        assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+
+    prop()
+
+
+ODD_BLOCKS = st.one_of(
+    st.integers(-3, 9).map(lambda i: [i]),
+    st.sampled_from(["model.layers.0", "layers.0", ""]),
+    st.just([]),
+    st.just([None]),
+    st.just([1.5]),
+    st.just({"a": 1}),
+    st.just(7),
+    st.sampled_from([["nope"], ["model.layers.9"], ["model.norm"]]),
+)
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_odd_blocks_are_clear_errors(examples):
+    model = _model("llama")
+
+    @_profile(examples)
+    @given(blocks=ODD_BLOCKS)
+    def prop(blocks):
+        with pytest.raises((TypeError, ValueError), match=r"blocks|model\.|no attention|Block"):
+            sparsify_transformer(model, blocks, example_inputs=_ids())
+
+    prop()
+
+
+ODD_INPUTS = st.one_of(
+    st.just([[1, 2, 3]]),
+    st.just("hello"),
+    st.just(()),
+    st.just(torch.tensor(3)),
+    st.just(torch.zeros(0, T, dtype=torch.long)),
+    st.just(torch.randn(2, T)),
+    st.just(torch.full((2, T), VOCAB + 5)),
+    st.just((torch.zeros(2, T, dtype=torch.long), "mask")),
+    st.just({"input_ids": torch.zeros(2, T, dtype=torch.long)}),
+)
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_odd_example_inputs_are_clear_errors(examples):
+    model = _model("llama")
+
+    @_profile(examples)
+    @given(example_inputs=ODD_INPUTS)
+    def prop(example_inputs):
+        with pytest.raises((TypeError, ValueError), match="example_inputs"):
+            sparsify_transformer(model, example_inputs=example_inputs)
+
+    prop()
+
+
+# ------------------------------------------------------------------------------------------- fixed cases
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gates_take_the_models_dtype_and_prune_checks_in_its_precision(dtype):
+    """float64 model: float64 gates (were float32), and prune's check no longer reports a false mismatch (a float32
+    gate folded into float64 weights differed by 1e-8 from the float64 gated model)."""
+    gated = sparsify_transformer(_model("llama", dtype=dtype), example_inputs=_ids())
+    assert {g.log_alpha.dtype for _, g in gates_of(gated)} == {dtype}
+    _set_gates(gated, 3, 0.3)
+    _assert_pruned_equals_gated(gated, _ids(2, 4))
+
+
+def test_blocks_given_as_one_name_or_an_int_are_clear_errors():
+    model = _model("llama")
+    with pytest.raises(TypeError, match=r"blocks must be a list .*blocks=\['model.layers.0'\]"):
+        sparsify_transformer(model, "model.layers.0", example_inputs=_ids())
+    with pytest.raises(TypeError, match="blocks: every entry must be a block name .* got 5"):
+        sparsify_transformer(model, [5], example_inputs=_ids())
+    with pytest.raises(ValueError, match="blocks: no module named 'layers.0'"):
+        sparsify_transformer(model, ["layers.0"], example_inputs=_ids())
+    with pytest.raises(ValueError, match="num_kv_heads must be a positive int"):
+        sparsify_transformer(model, [Block("model.layers.0", num_kv_heads=0)], example_inputs=_ids())
+
+
+def test_odd_example_inputs_name_the_argument():
+    model = _model("llama")
+    with pytest.raises(TypeError, match=r"example_inputs must be a tensor .* got list"):
+        sparsify_transformer(model, example_inputs=[[1, 2]])
+    with pytest.raises(ValueError, match=r"example_inputs must have a batch dimension .* shape \(\)"):
+        sparsify_transformer(model, example_inputs=torch.tensor(3))
+    with pytest.raises(ValueError, match=r"example_inputs: the model does not run on them"):
+        sparsify_transformer(model, example_inputs=torch.randn(2, T))
+    with pytest.raises(TypeError, match=r"example_inputs\[1\] must be a tensor"):
+        sparsify_transformer(model, example_inputs=(_ids(), "mask"))
+    with pytest.raises(TypeError, match="may_remove_all must be True or False"):
+        sparsify_transformer(model, example_inputs=_ids(), may_remove_all="yes")
+
+
+def test_fix_architecture_arguments_are_checked():
+    gated = sparsify_transformer(_model("llama"), example_inputs=_ids())
+    with pytest.raises(ValueError, match="intermediate_size must be a positive int, got 0"):
+        fix_architecture(gated, intermediate_size=0)
+    with pytest.raises(ValueError, match="num_key_value_heads=3: block model.layers.0 has 2"):
+        fix_architecture(gated, num_key_value_heads=3)
+    with pytest.raises(ValueError, match="num_attention_heads=4 and num_key_value_heads=1 disagree"):
+        fix_architecture(gated, num_attention_heads=4, num_key_value_heads=1)
+    with pytest.raises(ValueError, match="needs a model of sparsify_transformer"):
+        fix_architecture(_model("llama"), intermediate_size=2)
