@@ -190,12 +190,24 @@ def _check_loss(loss_fn, loss, output):
             f"{name} must return the mean loss over the minibatch, a scalar tensor, got shape {tuple(loss.shape)} "
             "(a loss with reduction='none'? take its mean, or use reduction='mean')"
         )
-    if output.requires_grad and torch.is_grad_enabled() and not loss.requires_grad:
+    if torch.is_grad_enabled() and not loss.requires_grad and _requires_grad(output):
         raise ValueError(
             f"{name} returned a tensor detached from the network's output (requires_grad=False): the weights would "
             "never train; compute it from the output with torch operations, without .detach(), .item(), "
             "torch.no_grad() or a new torch.tensor(...)"
         )
+
+
+def _requires_grad(output):
+    """Whether a network's output (a tensor, or a structure of them such as a Hugging Face ``ModelOutput``, a
+    tuple or a dict) holds a tensor attached to the graph."""
+    if torch.is_tensor(output):
+        return output.requires_grad
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        return any(_requires_grad(part) for part in output)
+    return False
 
 
 def _describe(fn):
