@@ -406,3 +406,30 @@ def test_sampler_on_gpu(correlated_gaussian):
         generator=torch.Generator(device="cuda").manual_seed(0),
     )
     within_mcse(run.inclusion, run.mcse, exact.inclusion)
+
+
+def test_a_noise_that_collapses_on_a_model_fitting_y_exactly_is_a_clear_error():
+    """4 observations, 3 features: the full model fits the centred y exactly, where the Jeffreys posterior of
+    sigma is improper (sigma drifts to 0). The sampler says so instead of failing in a Cholesky factorisation
+    or returning the probabilities of a collapsed noise."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    x = (x - x.mean(0)) / x.std(0)
+    y = x[:, 0] + 0.5 * torch.randn(4, generator=g, dtype=torch.float64)
+    y = y - y.mean()
+    start = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"the model of features \[0, 1, 2\] fits the 4 observations of y exactly"):
+        tempered_gibbs(
+            x,
+            y,
+            0.3,
+            1.0,
+            0.5,
+            start=start,
+            num_chains=2,
+            warmup=0,
+            max_steps=20_000,
+            noise_prior="jeffreys",
+            explore=1e-3,
+            generator=torch.Generator().manual_seed(1),
+        )

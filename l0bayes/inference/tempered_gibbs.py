@@ -750,9 +750,10 @@ def _collapsed(features, n, noise_floor):
     """The message of a chain whose noise scale collapsed: its model fits ``y`` exactly."""
     return (
         f"the noise scale sigma collapsed below {noise_floor:.3g} ({NOISE_FLOOR:g} x the standard deviation of y): "
-        f"the model of features {features.tolist()} fits the {n} observations of y exactly, where the posterior of "
-        "sigma under the Jeffreys prior is improper (with n observations, models of n - 1 features fit any centred "
-        "y). Fix the noise scale: select_variables(..., noise_scale=...) or tempered_gibbs(..., noise_prior=None)"
+        f"the model of features {sorted(features.tolist())} fits the {n} observations of y exactly, where the "
+        "posterior of sigma under the Jeffreys prior is improper (with n observations, models of n - 1 features "
+        "fit any centred y). Fix the noise scale: select_variables(..., noise_scale=...) or "
+        "tempered_gibbs(..., noise_prior=None)"
     )
 
 
