@@ -97,6 +97,7 @@ class IterableBatches:
         self.num_data = num_data
         self.batch_size = None
         self._streamed = _StreamedExamples() if self.one_shot else None
+        self._yielded = False  # whether a pass over the data has yielded a batch yet
 
     def __call__(self, run):
         sampler = getattr(self.data, "sampler", None)
@@ -123,8 +124,13 @@ class IterableBatches:
                 self._streamed.keep(x, y)
             yield x.to(run.device), y.to(run.device)
         if index == 0:
-            again = " (an iterable must yield its batches anew every epoch)" if run.epoch else ""
+            again = (
+                " (it yielded batches before: an iterable of batches must yield them anew each time it is iterated)"
+                if self._yielded
+                else ""
+            )
             raise ValueError(f"the training data is empty: x yielded no batches in epoch {run.epoch + 1}{again}")
+        self._yielded = True
 
     def _checked(self, batch, where):
         """The batch as ``(x, y)`` on the model's terms, or a clear error naming it."""
@@ -156,6 +162,7 @@ class IterableBatches:
             torch.set_rng_state(state)
         if not xs:
             raise ValueError("the training data is empty: x yielded no batches")
+        self._yielded = True
         return torch.cat(xs), torch.cat(ys)
 
     def state_dict(self):

@@ -99,8 +99,13 @@ def train(
     :param x, y: the full training set as tensors (minibatches of ``batch_size`` are drawn each epoch), or
         ``x`` an iterable of ``(x, y)`` batches that can be iterated once per epoch, such as a
         ``torch.utils.data.DataLoader`` (its own order and augmentation; ``y=None``, ``batch_size`` unused).
-        The data term is scaled by ``N/B`` (``pyro.plate`` subsampling).
-    :param num_data: ``N`` for an iterable of batches that is not a ``DataLoader`` over a sized dataset.
+        The data term is scaled by ``N/B`` (``pyro.plate`` subsampling). Every batch of an iterable is checked
+        against the model as it streams, before its step (the error names the batch and the epoch); an epoch is
+        one pass, which must yield a batch, and at most ``len(x)`` batches or, without a length, at most
+        ``num_data`` examples (an endless iterable such as ``itertools.cycle`` is an error). An iterator (a
+        generator, ``iter(batches)``), used up by one pass, trains one epoch: ``epochs > 1`` is a ``ValueError``.
+    :param num_data: ``N`` for an iterable of batches that is not a ``DataLoader`` over a sized dataset; with
+        tensors, ``None`` (``N`` is the number of rows of ``x``; another number is a ``ValueError``).
     :param str objective: ``"bayes"``: SVI on the free energy of Eq. 21 with
         ``TraceMeanField_ELBO`` (analytic gate KL, code cost as a factor); ``"penalized"``:
         Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to the pruned model keeping at most
@@ -118,6 +123,9 @@ def train(
         ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). The history records
         the expected fraction (``constraint``), the pruned model's (``test_time_density``,
         ``test_time_density_per_layer``, ``test_time_flops`` when the input shape is known) and the multipliers.
+        These settings (``target_density``, ``target_flops``, ``per_layer``, ``rank``, ``arrival``,
+        ``multiplier_lr``, ``dual_restarts``, ``final_phase``) are the constrained objective's: given to another
+        objective, which would ignore them, they are a ``ValueError``.
     :param device: where to train: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``. The model moves
         there for training and back to the device it was on when ``train`` returns (or raises), like the
         multipliers; :attr:`TrainResult.device` says where it trained. Tensor data are copied to the device
@@ -195,7 +203,7 @@ def train(
     :param callbacks: more :class:`~l0bayes.inference.callbacks.Callback` objects (e.g.
         :class:`~l0bayes.inference.callbacks.TensorBoard`, :class:`~l0bayes.inference.callbacks.EarlyStopping`,
         your own), called after the ones ``train`` builds from its arguments (history, schedule, progress)
-        and before the checkpoint, which saves their state: a resume continues them too.
+        and before the checkpoint, which saves their state: a resume continues them too. ``None``: none.
     :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
         L0, expected FLOPs, test error, multipliers and densities, wall time, and ``lr``: the step size of
         each of the optimiser's parameter groups during that epoch).

@@ -31,7 +31,10 @@ class SparseModel(nn.Module):
       for ``TraceMeanField_ELBO`` and :func:`~l0bayes.inference.free_energy`.
 
     :param net: the gated network, e.g. from :func:`~l0bayes.pruning.sparsify` or :class:`~l0bayes.nn.L0MLP`.
-    :param loss_fn: ``loss_fn(output, target) -> mean loss`` (a scalar tensor).
+    :param loss_fn: ``loss_fn(output, target) -> mean loss``: a floating-point scalar tensor computed from
+        ``output`` (attached to the graph, so that the weights train). Anything else (a loss with
+        ``reduction="none"``, a Python float, ``None``, a detached tensor) is a ``TypeError`` or ``ValueError``
+        naming ``loss_fn`` at the first step.
     :param lam: code cost in nats per active parameter (docs/mathematics.md, "The variational free energy":
         the paper's :math:`\lambda = 0.1/N` is ``lam = 0.1``), a float or ``{layer name: lam}`` for per-layer
         lambdas (e.g. ``{"fc1": 0.1, "fc2": 0.05}``; layers not named pay nothing).

@@ -1,0 +1,640 @@
+"""Property-based probes of ``train()``'s data, losses and arguments: iterables, DataLoaders, own losses, settings.
+
+Every property checks an outcome against a reference computed here, independently of the loop: the optimiser
+steps and the examples each epoch trains on (every example of a pass exactly once), the weights that a valid loss
+of one's own moves, or a ``TypeError`` / ``ValueError`` whose message names the argument (the batch, the loss).
+Each property runs twice: a few examples in the default run, many more under ``-m slow``; the fixed cases below
+them are the reported ones. The models are tiny and train for a few epochs at most.
+"""
+
+import itertools
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from l0bayes.inference import train
+from l0bayes.inference.callbacks import Callback, EarlyStopping
+from l0bayes.models import SparseClassifier, SparseModel
+from l0bayes.nn import L0MLP
+
+#: Examples per property: the default run, and the ``slow`` profile.
+FAST, SLOW = 25, 200
+PROFILES = [pytest.param(FAST, id="fast"), pytest.param(SLOW, marks=pytest.mark.slow, id="slow")]
+OBJECTIVES = ("bayes", "penalized", "constrained")
+ITERATORS = ("generator", "iter")  # exhausted after one pass
+KINDS = ("list", "unsized", *ITERATORS)
+PENALIZED = {"objective": "penalized"}  # (the quickest step: the loop is the same for every objective)
+
+
+def _profile(examples):
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None)
+
+
+def _net():
+    torch.manual_seed(0)
+    return L0MLP(4, (3,), 3)
+
+
+def _classifier():
+    return SparseClassifier(_net())
+
+
+def _labelled(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _fit(model, x, y=None, **kwargs):
+    return train(model, x, y, **{"epochs": 1, "batch_size": 4, "progress": False, "seed": 0, **kwargs})
+
+
+class Tally(Callback):
+    """Counts a run's optimiser steps, and (as ``loss``) the example ids each training step used, per epoch.
+
+    The data's targets are the examples' ids; the loss ignores them, and counts only steps that take gradients
+    (not the full record's evaluations).
+    """
+
+    def __init__(self):
+        self.steps = 0
+        self.ids = []
+        self.epochs = []  # per epoch: (steps, sorted ids)
+        self._epoch_steps = 0
+
+    def loss(self, output, target):
+        if torch.is_grad_enabled() and output.requires_grad:
+            self.ids += [int(v) for v in target]
+        return (output**2).mean()
+
+    def on_step_end(self, run):
+        self.steps += 1
+        self._epoch_steps += 1
+
+    def on_epoch_end(self, run, record):
+        self.epochs.append((self._epoch_steps, sorted(self.ids)))
+        self._epoch_steps, self.ids = 0, []
+
+
+def _ided(n, seed=0):
+    """``(x, ids)``: ``n`` examples whose targets are their row numbers."""
+    x = torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
+    return x, torch.arange(n, dtype=torch.float32)
+
+
+def _batches(x, y, sizes):
+    out, start = [], 0
+    for size in sizes:
+        out.append((x[start : start + size], y[start : start + size]))
+        start += size
+    return out
+
+
+class Unsized:
+    """An iterable of batches without a length that can be iterated once per epoch."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        yield from self.batches
+
+
+def _as(kind, batches):
+    return {
+        "list": lambda: batches,
+        "unsized": lambda: Unsized(batches),
+        "generator": lambda: (b for b in batches),
+        "iter": lambda: iter(batches),
+    }[kind]()
+
+
+def _endless(batches, limit=500):
+    """``itertools.cycle(batches)`` that fails the test instead of hanging when pulled more than ``limit`` times."""
+    for count, batch in enumerate(itertools.cycle(batches)):
+        if count >= limit:
+            raise AssertionError("train() kept pulling batches from an endless iterable")
+        yield batch
+
+
+# ------------------------------------------------------------------------------------------ DataLoaders
+@pytest.mark.parametrize("examples", PROFILES)
+def test_a_dataloader_trains_each_batch_once_per_epoch(examples):
+    @_profile(examples)
+    @given(
+        n=st.integers(1, 20),
+        batch_size=st.integers(1, 8),
+        drop_last=st.booleans(),
+        shuffle=st.booleans(),
+        epochs=st.integers(0, 2),
+    )
+    def prop(n, batch_size, drop_last, shuffle, epochs):
+        x, ids = _ided(n)
+        loader = DataLoader(TensorDataset(x, ids), batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
+        full, rest = divmod(n, batch_size)  # the reference: whole batches, and the last, partial one
+        per_epoch = full + (1 if rest and not drop_last else 0)
+        seen = list(range(n)) if not drop_last else None  # with drop_last: some batch_size * full of them
+        tally = Tally()
+        if per_epoch == 0:
+            with pytest.raises(ValueError, match=r"^the training data is empty: x \(DataLoader\) yields no batches"):
+                _fit(SparseModel(_net(), tally.loss), loader, epochs=epochs, callbacks=[tally], **PENALIZED)
+            return
+        result = _fit(SparseModel(_net(), tally.loss), loader, epochs=epochs, callbacks=[tally], **PENALIZED)
+        assert len(result.history) == epochs
+        assert tally.steps == epochs * per_epoch
+        for steps, epoch_ids in tally.epochs:
+            assert steps == per_epoch
+            if seen is not None:
+                assert epoch_ids == seen  # every example exactly once
+            else:
+                assert len(epoch_ids) == full * batch_size and len(set(epoch_ids)) == len(epoch_ids)
+
+    prop()
+
+
+# --------------------------------------------------------------------------------- iterables of batches
+@pytest.mark.parametrize("examples", PROFILES)
+def test_an_iterable_trains_each_batch_once_per_epoch_or_names_what_is_wrong(examples):
+    @_profile(examples)
+    @given(
+        sizes=st.lists(st.integers(1, 6), min_size=1, max_size=5),
+        kind=st.sampled_from(KINDS),
+        epochs=st.integers(0, 3),
+        num_data=st.sampled_from((None, "exact", "fewer", "more")),
+    )
+    def prop(sizes, kind, epochs, num_data):
+        total = sum(sizes)
+        x, ids = _ided(total)
+        batches = _batches(x, ids, sizes)
+        n = {None: None, "exact": total, "fewer": max(total - 1, 1), "more": total + 3}[num_data]
+        tally = Tally()
+
+        def run():
+            model = SparseModel(_net(), tally.loss)
+            return _fit(model, _as(kind, batches), num_data=n, epochs=epochs, callbacks=[tally], **PENALIZED)
+
+        if kind in ITERATORS and epochs > 1:
+            with pytest.raises(
+                ValueError, match=rf"^x is an iterator \(\w+\), used up by one epoch, but epochs={epochs}"
+            ):
+                run()
+            assert tally.steps == 0
+            return
+        if n is None:
+            with pytest.raises(ValueError, match=r"^train\(\) with an iterable of batches needs num_data="):
+                run()
+            return
+        if kind != "list" and n < total and epochs > 0:  # an epoch without a length ends within num_data examples
+            with pytest.raises(ValueError, match=rf"^x yielded more than num_data={n} examples in epoch 1 "):
+                run()
+            return
+        result = run()
+        assert len(result.history) == epochs
+        assert tally.steps == epochs * len(sizes)
+        assert tally.epochs == [(len(sizes), list(range(total)))] * epochs
+
+    prop()
+
+
+# ------------------------------------------------------------------------------ each batch checked as it streams
+BAD_BATCHES = {
+    # name: (spoil batch (x, y) -> batch, error, tensor named first, message after its name; None: a valid batch)
+    "labels out of range": (lambda x, y: (x, y + 3), ValueError, "y", r": class labels must lie in \[0, 3\), got"),
+    "NaN inputs": (lambda x, y: (x.clone().fill_(math.nan), y), ValueError, "x", " contains NaN or infinite values$"),
+    "float64 inputs": (lambda x, y: (x.double(), y), TypeError, "x", r" has dtype torch.float64 but the model's"),
+    "other features": (lambda x, y: (x[:, :3], y), ValueError, "x", r" has 3 features, but layer fc1 \(L0Linear\)"),
+    "float labels": (lambda x, y: (x, y.float()), TypeError, "y", r" has dtype torch.float32, but SparseClassifier"),
+    "fewer labels": (lambda x, y: (x, y[:-1]), ValueError, "x", r" has \d+ rows but the y of batch \d+"),
+    "not a pair": (lambda x, y: (x, y, y), TypeError, None, r" must be a pair \(x, y\), got tuple$"),
+    "int32 labels": (lambda x, y: (x, y.int()), None, None, None),  # valid: used as int64
+}
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_every_batch_is_checked_before_its_step_and_named(examples):
+    @_profile(examples)
+    @given(
+        case=st.sampled_from(sorted(BAD_BATCHES)),
+        bad=st.integers(1, 7),
+        batch_size=st.sampled_from((250, 400)),  # the full record's pass takes the first 4 or 3 batches
+        kind=st.sampled_from(("list", "generator")),
+    )
+    def prop(case, bad, batch_size, kind):
+        x, y = _labelled(7 * batch_size)
+        batches = _batches(x, y, [batch_size] * 7)
+        spoil, error, name, message = BAD_BATCHES[case]
+        batches[bad - 1] = spoil(*batches[bad - 1])
+        tally = Tally()
+        run = lambda: _fit(  # noqa: E731
+            _classifier(), _as(kind, batches), num_data=len(x), objective="penalized", callbacks=[tally]
+        )
+        if error is None:
+            run()
+            assert tally.steps == 7
+            return
+        in_record = kind == "list" and (bad - 1) * batch_size < 1000  # found by the record's pass, before any step
+        where = rf"batch {bad} of x" + ("" if in_record else " in epoch 1")
+        with pytest.raises(error, match=(rf"^the {name} of " if name else "^") + where + message):
+            run()
+        assert tally.steps == (0 if in_record else bad - 1)  # the bad batch is never trained on
+
+    prop()
+
+
+# ------------------------------------------------------------------------------------------- own losses
+def cross_entropy(output, target):
+    return F.cross_entropy(output, target)
+
+
+def mean_of_unreduced(output, target):
+    return F.cross_entropy(output, target, reduction="none").mean()
+
+
+def log_softmax_nll(output, target):
+    return F.nll_loss(F.log_softmax(output, -1), target)
+
+
+def detached(output, target):
+    return F.cross_entropy(output, target).detach()
+
+
+def rebuilt(output, target):
+    return torch.tensor(F.cross_entropy(output, target).item())
+
+
+def unreduced(output, target):
+    return F.cross_entropy(output, target, reduction="none")
+
+
+def one_element(output, target):
+    return F.cross_entropy(output, target).reshape(1)
+
+
+def python_float(output, target):
+    return float(F.cross_entropy(output, target))
+
+
+def nothing(output, target):
+    return None
+
+
+def error_count(output, target):
+    return (output.argmax(1) != target).sum()
+
+
+LOSSES = {
+    # name: (loss_fn, error, message); None: a valid loss, which must move the weights
+    "cross_entropy": (cross_entropy, None, None),
+    "CrossEntropyLoss()": (nn.CrossEntropyLoss(), None, None),
+    "mean_of_unreduced": (mean_of_unreduced, None, None),
+    "log_softmax_nll": (log_softmax_nll, None, None),
+    "detached": (detached, ValueError, r"returned a tensor detached from the network's output"),
+    "rebuilt": (rebuilt, ValueError, r"returned a tensor detached from the network's output"),
+    "unreduced": (unreduced, ValueError, r"must return the mean loss over the minibatch, a scalar tensor, got shape"),
+    "one_element": (one_element, ValueError, r"a scalar tensor, got shape \(1,\)"),
+    "python_float": (python_float, TypeError, r"floating-point scalar tensor computed from the output, got float$"),
+    "nothing": (nothing, TypeError, r"floating-point scalar tensor computed from the output, got NoneType$"),
+    "error_count": (error_count, TypeError, r"got a torch.int64 tensor$"),
+    "CrossEntropyLoss(reduction='none')": (nn.CrossEntropyLoss(reduction="none"), ValueError, r"got shape \(\d+,\)"),
+}
+
+
+def _weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items() if not k.endswith("log_alpha")}
+
+
+@pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
+@pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True to a scalar")
+@pytest.mark.parametrize("examples", PROFILES)
+def test_a_valid_loss_trains_the_weights_and_an_invalid_one_is_named(examples):
+    @_profile(examples)
+    @given(loss=st.sampled_from(sorted(LOSSES)), objective=st.sampled_from(OBJECTIVES), n=st.integers(2, 12))
+    def prop(loss, objective, n):
+        loss_fn, error, message = LOSSES[loss]
+        model = SparseModel(_net(), loss_fn)
+        x, y = _labelled(n)
+        kwargs = {"objective": objective, "target_density": 0.5 if objective == "constrained" else None}
+        before = _weights(model)
+        if error is not None:
+            name = getattr(loss_fn, "__qualname__", None) or f"{type(loss_fn).__name__}()"
+            with pytest.raises(error, match=rf"^loss_fn \({re.escape(name)}\) .*{message}"):
+                _fit(model, x, y, **kwargs)
+            return
+        result = _fit(model, x, y, lr=0.05, **kwargs)
+        assert math.isfinite(result.history[-1]["mean_loss"])
+        after = _weights(model)
+        assert any(not torch.equal(before[k], after[k]) for k in before if k.endswith("weight"))  # the weights moved
+
+    prop()
+
+
+# ------------------------------------------------------------------------------------------- arguments
+CONSTRAINED_SETTINGS = {
+    "target_density": 0.5,
+    "target_flops": 0.5,
+    "per_layer": True,
+    "rank": "norm",
+    "arrival": 0.02,
+    "multiplier_lr": 0.1,
+    "dual_restarts": False,
+    "final_phase": 0.5,
+}
+
+
+@pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
+@pytest.mark.parametrize("examples", PROFILES)
+def test_constrained_settings_need_the_constrained_objective(examples):
+    @_profile(examples)
+    @given(
+        setting=st.sampled_from(sorted(CONSTRAINED_SETTINGS)),
+        objective=st.sampled_from(OBJECTIVES),
+    )
+    def prop(setting, objective):
+        x, y = _labelled(8)
+        value = CONSTRAINED_SETTINGS[setting]
+        kwargs = {setting: value}
+        if objective == "constrained":
+            if setting not in ("target_density", "target_flops"):
+                kwargs["target_density"] = 0.5
+            if setting == "target_flops":
+                kwargs["input_shape"] = (4,)
+            result = _fit(_classifier(), x, y, objective=objective, **kwargs)
+            assert math.isfinite(result.history[-1]["mean_loss"])
+            return
+        message = rf"^{setting}={re.escape(repr(value))}: only objective='constrained' trains to a target, and "
+        with pytest.raises(ValueError, match=message + rf"objective='{objective}' would ignore it"):
+            _fit(_classifier(), x, y, objective=objective, **kwargs)
+
+    prop()
+
+
+TARGETS = (0.5, 1.0, 1, True, False, "0.5", math.nan, math.inf, 0.0, -0.5, 1.5, None, torch.tensor(0.5))
+
+
+@pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
+@pytest.mark.parametrize("examples", PROFILES)
+def test_a_constrained_target_is_a_fraction_in_0_1(examples):
+    @_profile(examples)
+    @given(target=st.sampled_from(TARGETS), name=st.sampled_from(("target_density", "target_flops")))
+    def prop(target, name):
+        x, y = _labelled(8)
+        kwargs = {name: target, "objective": "constrained", "input_shape": (4,)}
+        if target is None:
+            with pytest.raises(ValueError, match=r"^constrained training needs one of target_density"):
+                _fit(_classifier(), x, y, **kwargs)
+        elif isinstance(target, (bool, str)):
+            with pytest.raises(TypeError, match=rf"^{name} must be a number in \(0, 1\]"):
+                _fit(_classifier(), x, y, **kwargs)
+        elif not 0 < float(target) <= 1:
+            with pytest.raises(ValueError, match=rf"^constrained training needs {name} in \(0, 1\], got"):
+                _fit(_classifier(), x, y, **kwargs)
+        else:
+            record = _fit(_classifier(), x, y, **kwargs).history[-1]
+            assert math.isfinite(record["mean_loss"])
+            assert record.get("target_density", record.get("target_flops")) is not None
+
+    prop()
+
+
+COUNTS = {"epochs": 0, "batch_size": 1, "record_every": 1}  # argument: the smallest value allowed
+COUNT_VALUES = (0, 1, 2, 3, 2.0, 2.5, -1, -1.0, math.inf, -math.inf, math.nan, True, "2", None)
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_counts_are_whole_numbers(examples):
+    @_profile(examples)
+    @given(name=st.sampled_from(sorted(COUNTS)), value=st.sampled_from(COUNT_VALUES))
+    def prop(name, value):
+        x, y = _labelled(6)
+        low = COUNTS[name]
+        message = rf"^{name} must be a whole number >= {low}, got {re.escape(repr(value))}$"
+        if isinstance(value, (bool, str)) or value is None:
+            with pytest.raises(TypeError, match=message):
+                _fit(_classifier(), x, y, **{name: value})
+            return
+        whole = math.isfinite(value) and value == math.floor(value)
+        if not whole or value < low:
+            with pytest.raises(ValueError, match=message):
+                _fit(_classifier(), x, y, **{name: value})
+            return
+        model, reference_model = _classifier(), _classifier()
+        result = _fit(model, x, y, **{name: value})
+        reference = _fit(reference_model, x, y, **{name: int(value)})  # 2.0 means 2
+        assert [h["mean_loss"] for h in result.history] == [h["mean_loss"] for h in reference.history]
+        assert len(result.history) == (int(value) if name == "epochs" else 1)
+
+    prop()
+
+
+RANGES = (
+    (-3.0, 3.0),
+    [-2, 2],
+    (math.log(0.01), math.log(100)),
+    (3.0, -3.0),
+    (1.0, 1.0),
+    (math.nan, 1.0),
+    5,
+    "ab",
+    (1.0,),
+    (1.0, 2.0, 3.0),
+    ("a", 1.0),
+    (True, 2.0),
+    None,
+)
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_log_alpha_range_is_a_pair_low_high(examples):
+    @_profile(examples)
+    @given(value=st.sampled_from(RANGES))
+    def prop(value):
+        x, y = _labelled(6)
+        pair = isinstance(value, (tuple, list)) and len(value) == 2
+        numbers = pair and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        if value is not None and not numbers:
+            with pytest.raises(TypeError, match=r"^log_alpha_range must be a pair \(low, high\) of numbers"):
+                _fit(_classifier(), x, y, log_alpha_range=value)
+            return
+        if value is not None and not value[0] < value[1]:
+            with pytest.raises(ValueError, match=r"^log_alpha_range must be \(low, high\) with low < high"):
+                _fit(_classifier(), x, y, log_alpha_range=value)
+            return
+        model = _classifier()
+        _fit(model, x, y, log_alpha_range=value)
+        if value is not None:
+            log_alpha = model.net.fc1.gate.log_alpha
+            assert bool(((log_alpha >= value[0]) & (log_alpha <= value[1])).all())  # projected
+
+    prop()
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_num_data_with_tensors_is_their_row_count(examples):
+    @_profile(examples)
+    @given(n=st.integers(2, 12), value=st.sampled_from((None, "n", "n-1", "n+1", "n.0", 0, -1, 2.5, True, "5")))
+    def prop(n, value):
+        x, y = _labelled(n)
+        num_data = {"n": n, "n-1": n - 1, "n+1": n + 1, "n.0": float(n)}.get(value, value)
+        if isinstance(num_data, (bool, str)):
+            with pytest.raises(TypeError, match=r"^num_data must be a whole number >= 1 \(or None\)"):
+                _fit(_classifier(), x, y, num_data=num_data)
+        elif num_data is not None and (num_data < 1 or num_data != int(num_data)):
+            with pytest.raises(ValueError, match=r"^num_data must be a whole number >= 1 \(or None\)"):
+                _fit(_classifier(), x, y, num_data=num_data)
+        elif num_data is not None and num_data != n:
+            with pytest.raises(ValueError, match=rf"^num_data={num_data} but x holds {n} rows: with tensors"):
+                _fit(_classifier(), x, y, num_data=num_data)
+        else:
+            model, reference_model = _classifier(), _classifier()
+            result = _fit(model, x, y, num_data=num_data)
+            reference = _fit(reference_model, x, y)
+            assert [h["mean_loss"] for h in result.history] == [h["mean_loss"] for h in reference.history]
+
+    prop()
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_callbacks_none_is_no_callbacks_and_anything_else_is_named(examples):
+    @_profile(examples)
+    @given(value=st.sampled_from(("none", "empty", "list", "single", "number", "text", "list of numbers")))
+    def prop(value):
+        x, y = _labelled(6)
+        callbacks = {
+            "none": None,
+            "empty": [],
+            "list": [Tally()],
+            "single": EarlyStopping("mean_loss"),
+            "number": 5,
+            "text": "abc",
+            "list of numbers": [5],
+        }[value]
+        if value in ("none", "empty", "list"):
+            model, reference_model = _classifier(), _classifier()
+            result = _fit(model, x, y, callbacks=callbacks)
+            reference = _fit(reference_model, x, y)
+            assert [h["mean_loss"] for h in result.history] == [h["mean_loss"] for h in reference.history]
+            return
+        message = {
+            "single": r"^callbacks must be a list of Callback objects \(or None\), got EarlyStopping: put it in a list",
+            "number": r"^callbacks must be a list of Callback objects \(or None\), got int$",
+            "text": r"^callbacks must be a list of Callback objects \(or None\), got str$",
+            "list of numbers": r"^callbacks must be l0bayes.inference.Callback instances, got int$",
+        }[value]
+        with pytest.raises(TypeError, match=message):
+            _fit(_classifier(), x, y, callbacks=callbacks)
+
+    prop()
+
+
+# ------------------------------------------------------------------------------------------- fixed cases
+def test_a_generator_of_batches_trains_every_batch_of_its_one_epoch():
+    x, ids = _ided(60)
+    batches = _batches(x, ids, [10] * 6)
+    tally = Tally()
+    result = _fit(SparseModel(_net(), tally.loss), (b for b in batches), num_data=60, callbacks=[tally])
+    assert tally.steps == 6 and tally.epochs == [(6, list(range(60)))]
+    assert result.history[-1]["mean_loss"] > 0 and "free_energy" in result.history[-1]  # the full record too
+    with pytest.raises(ValueError, match=r"^x is an iterator \(generator\), used up by one epoch, but epochs=2"):
+        _fit(SparseModel(_net(), tally.loss), (b for b in batches), num_data=60, epochs=2)
+
+
+def test_a_1200_example_generator_runs_all_its_steps():
+    x, ids = _ided(1200)
+    tally = Tally()
+    _fit(SparseModel(_net(), tally.loss), (b for b in _batches(x, ids, [100] * 12)), num_data=1200, callbacks=[tally])
+    assert tally.steps == 12 and tally.epochs[0][1] == list(range(1200))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"target_density": 0.5}, r"^target_density=0.5: only objective='constrained' trains to a target"),
+        ({"target_density": math.nan}, r"^target_density=nan: only objective='constrained'"),
+        ({"target_flops": 0.5}, r"^target_flops=0.5: only objective='constrained'"),
+        ({"per_layer": True}, r"^per_layer=True: only objective='constrained'"),
+        ({"target_density": 0.5, "per_layer": True}, r"^target_density=0.5, per_layer=True: only objective="),
+    ],
+)
+def test_a_target_without_the_constrained_objective_is_refused(kwargs, message):
+    x, y = _labelled(8)
+    with pytest.raises(ValueError, match=message + ".*pass objective='constrained' or leave"):
+        _fit(_classifier(), x, y, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"objective": "constrained", "target_density": True}, TypeError, r"^target_density must be a number in"),
+        ({"objective": "constrained", "target_density": "0.5"}, TypeError, r"^target_density must be a number in"),
+        ({"num_data": 5}, ValueError, r"^num_data=5 but x holds 8 rows: with tensors the number of training"),
+        ({"epochs": math.inf}, ValueError, r"^epochs must be a whole number >= 0, got inf$"),
+        ({"log_alpha_range": 5}, TypeError, r"^log_alpha_range must be a pair \(low, high\) of numbers"),
+    ],
+)
+def test_arguments_of_the_wrong_kind_are_named(kwargs, error, message):
+    x, y = _labelled(8)
+    with pytest.raises(error, match=message):
+        _fit(_classifier(), x, y, **kwargs)
+
+
+def test_callbacks_none_trains():
+    x, y = _labelled(8)
+    assert len(_fit(_classifier(), x, y, epochs=2, callbacks=None).history) == 2
+
+
+@pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True to a scalar")
+@pytest.mark.parametrize("loss", ["detached", "unreduced", "nothing", "python_float"])
+def test_an_own_loss_that_cannot_train_the_weights_is_named(loss):
+    loss_fn, error, message = LOSSES[loss]
+    x, y = _labelled(8)
+    with pytest.raises(error, match=rf"^loss_fn \({loss}\) .*{message}"):
+        _fit(SparseModel(_net(), loss_fn), x, y)
+
+
+def test_a_bad_batch_after_the_first_1000_examples_is_named():
+    x, y = _labelled(1200)
+    y[1150] = 7  # in batch 12 of 100
+    loader = DataLoader(TensorDataset(x, y), batch_size=100)
+    tally = Tally()
+    with pytest.raises(ValueError, match=r"^the y of batch 12 of x in epoch 1: class labels must lie in \[0, 3\), got"):
+        _fit(_classifier(), loader, callbacks=[tally])
+    assert tally.steps == 11
+
+
+def test_an_endless_iterable_is_refused():
+    x, y = _labelled(60)
+    batches = _batches(x, y, [10] * 6)
+    with pytest.raises(ValueError, match=r"^x yielded more than num_data=60 examples in epoch 1 \(70 by batch 7 of x"):
+        _fit(_classifier(), _endless(batches), num_data=60)
+    with pytest.raises(ValueError, match=r"^x is an iterator \(cycle\), used up by one epoch, but epochs=2"):
+        _fit(_classifier(), itertools.cycle(batches), num_data=60, epochs=2)
+
+
+def test_an_empty_dataloader_says_it_yields_no_batches():
+    x, y = _labelled(6)
+    with pytest.raises(ValueError, match=r"^the training data is empty: x \(DataLoader\) yields no batches"):
+        _fit(_classifier(), DataLoader(TensorDataset(x[:0], y[:0]), batch_size=4))
+    with pytest.raises(ValueError, match=r"^the training data is empty: x \(DataLoader\) yields no batches"):
+        _fit(_classifier(), DataLoader(TensorDataset(x, y), batch_size=8, drop_last=True))
+    with pytest.raises(ValueError, match=r"^the training data is empty: x yielded no batches$"):
+        _fit(_classifier(), Unsized([]), num_data=6)
+
+
+def test_an_iterable_that_yields_nothing_the_second_time_is_named():
+    x, y = _labelled(8)
+    once = iter([(x, y)])
+
+    class SameIterator:  # an iterable whose __iter__ hands out one iterator: empty from the second epoch
+        def __iter__(self):
+            return once
+
+    # (the pass that takes the full record's examples before training is the first to use it up)
+    message = r"^the training data is empty: x yielded no batches in epoch 1 \(it yielded batches before: an iterable"
+    with pytest.raises(ValueError, match=message):
+        _fit(_classifier(), SameIterator(), num_data=8, epochs=2)
