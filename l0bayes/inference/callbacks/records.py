@@ -64,15 +64,22 @@ class History(Callback):
 def full_record(run, train_subset, test_data=None, input_shape=None, validation_data=None):
     """Every free-energy term on ``train_subset``, the gates, the validation and test metrics and the expected FLOPs.
 
-    The RNG state is restored afterwards, so that recording does not change the training draws.
+    The random states (torch's, and the run's CUDA device's) are restored afterwards, so that recording does not
+    change the training draws: neither the free energy's gate draws nor a ``DataLoader`` of held-out data,
+    which draws its seed (and its order, when it shuffles) from torch's random state.
     """
+    device = run.device
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+        return _full_record(run, train_subset, test_data, input_shape, validation_data)
+
+
+def _full_record(run, train_subset, test_data, input_shape, validation_data):
     model, device = run.model, run.device
     record = {}
-    rng_state = torch.get_rng_state()
     x, y = train_subset
     with torch.no_grad():
         terms = _free_energy_terms(model, x.to(device), y.to(device), run.num_data, run.objective.kl)
-    torch.set_rng_state(rng_state)
     record.update(terms.as_dict())
     gates = gates_of(model)
     record["expected_l0"] = float(sum(g.expected_l0() for _, g in gates).detach())
