@@ -58,6 +58,11 @@ def test_notebook_executes(path, monkeypatch, tmp_path):
     client.execute()  # raises CellExecutionError, with the failing cell and traceback, on any error
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+    # tqdm.auto in a kernel without ipywidgets warns "IProgress not found" (ipywidgets is in the dev and
+    # notebooks extras)
+    streams = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    warned = [text for text in streams if "IProgress not found" in text]
+    assert not warned, f"{path.name}: {warned[0][:300]}"
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert images, f"{path.name} drew no figure"
 

@@ -66,16 +66,14 @@ class VariableSelector(SelectorMixin, BaseEstimator):
     :param float threshold: a feature is selected when its inclusion probability is above this, in
         :math:`[0, 1]`. It is read when the selection is asked for, so changing it needs no new fit.
 
-    Fitted attributes:
-
-    :ivar inclusion_probabilities\_: ``(p,)`` numpy, :math:`P(\gamma_j = 1 \mid y)`.
-    :ivar diagnostic\_: the result's one line on whether to trust them (``SelectionResult.diagnostic``).
-    :ivar reliable\_: ``True`` when the probabilities come from a passed check or a mixed sampler.
-    :ivar result\_: the whole :class:`~l0bayes.models.selection.SelectionResult` (credible sets,
+    :ivar inclusion_probabilities_: ``(p,)`` numpy, :math:`P(\gamma_j = 1 \mid y)`.
+    :ivar diagnostic_: the result's one line on whether to trust them (``SelectionResult.diagnostic``).
+    :ivar reliable_: ``True`` when the probabilities come from a passed check or a mixed sampler.
+    :ivar result_: the whole :class:`~l0bayes.models.selection.SelectionResult` (credible sets,
         coefficients, ``summary()``, ``plot()``).
-    :ivar n_features_in\_: the number of columns of ``X``.
-    :ivar feature_names_in\_: the column names, when ``X`` was a DataFrame with string column names.
-    :ivar classes\_: the two labels of ``y`` (``family="bernoulli"`` only).
+    :ivar n_features_in_: the number of columns of ``X``.
+    :ivar feature_names_in_: the column names, when ``X`` was a DataFrame with string column names.
+    :ivar classes_: the two labels of ``y`` (``family="bernoulli"`` only).
 
     ``transform`` returns a numpy array for array and DataFrame input (a DataFrame after
     ``set_output(transform="pandas")``) and a tensor for tensor input.
