@@ -421,3 +421,15 @@ def test_a_resume_with_other_validation_data_is_refused(tmp_path):
         train(_classifier(), x, y, resume=True, validation_data=_digits_like(40, seed=4), **kw)
     with pytest.raises(ValueError, match=r"the run changed: validation_data \(tensors -> none"):
         train(_classifier(), x, y, resume=True, **kw)
+
+
+def test_held_out_data_in_a_dataloader_changes_no_training_draw():
+    x, y = _digits_like()
+    held_out = DataLoader(TensorDataset(*_digits_like(30, seed=5)), batch_size=10)  # draws its seed from torch
+    kw = dict(epochs=3, batch_size=40, progress=False, objective="bayes", lr=0.05)
+    alone, with_test = _classifier(), _classifier()
+    train(alone, x, y, **kw)
+    result = train(with_test, x, y, test_data=held_out, **kw)
+    for a, b in zip(alone.state_dict().values(), with_test.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert all(0 <= r["test_error"] <= 1 for r in result.history)
