@@ -112,7 +112,7 @@ class IterableBatches:
                     "an epoch is one pass over an iterable"
                 )
             x, y = self._checked(batch, where)
-            examples += x.shape[0]
+            examples += len(x)
             if self.steps_per_epoch is None and examples > self.num_data:
                 raise ValueError(
                     f"x yielded more than num_data={self.num_data} examples in epoch {run.epoch + 1} ({examples} "
