@@ -130,9 +130,9 @@ class SparseModel(nn.Module):
     def data_term(self, output, y, num_data):
         """``num_data * loss_fn(output, y)``: the data term of Eq. 21/22 for a minibatch, in nats.
 
-        :raises TypeError, ValueError: naming ``loss_fn`` when it returns anything but a floating-point scalar
-            tensor, or (while the network's output takes gradients) one detached from the output, which would
-            leave the weights untrained.
+        :raises TypeError: naming ``loss_fn`` when it returns anything but a floating-point tensor.
+        :raises ValueError: naming ``loss_fn`` when it returns a tensor that is not a scalar, or (while the
+            network's output takes gradients) one detached from the output, which would leave the weights untrained.
         """
         loss = self.loss_fn(output, y)
         _check_loss(self.loss_fn, loss, output)
