@@ -288,6 +288,8 @@ def test_no_literal_backslash_underscore_in_text_of_formulas():
     r"""``\text{fan\_in}`` shows its backslash in MathJax 3 (text mode takes ``\_`` literally): use ``\mathrm``."""
     pattern = re.compile(r"\\text(?:tt|rm|it|bf|sf)?\{[^{}]*\\_")
     offenders = [name for name in _pages() if pattern.search((ROOT / name).read_text(encoding="utf-8"))]
+    # the API pages render the docstrings' :math: roles with the same MathJax
+    offenders += [str(path) for path in (ROOT / "l0bayes").rglob("*.py") if pattern.search(path.read_text("utf-8"))]
     assert offenders == []
 
 

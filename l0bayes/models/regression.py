@@ -46,7 +46,7 @@ class _SpikeSlabGLM(PyroModule):
       costs ``code_cost`` nats, added as ``pyro.factor("code_cost", -lambda * sum_j q(z_j != 0))``.
       ``code_cost=None`` uses :math:`\tfrac12 \log N` (the BIC price of one parameter).
     * ``"gaussian"`` (Eq. 20): :math:`q(\tilde\theta_j) = N(\mu_j, s_j^2)` against the prior
-      :math:`N(0, \text{prior\_scale}^2)`, paid only when the gate is on:
+      :math:`N(0, \mathrm{prior\_scale}^2)`, paid only when the gate is on:
       ``pyro.factor("code_cost", -sum_j q(z_j != 0) KL_j)``; the slab is sampled by
       reparameterisation from a standard normal site ``"slab_noise"`` present in both model and
       guide (their KL is zero).
@@ -93,7 +93,7 @@ class _SpikeSlabGLM(PyroModule):
 
     # -------------------------------------------------------------- pieces
     def slab_kl(self):
-        r""":math:`KL(N(\mu_j, s_j^2) \| N(0, \text{prior\_scale}^2))` per coefficient (Gaussian slab)."""
+        r""":math:`KL(N(\mu_j, s_j^2) \| N(0, \mathrm{prior\_scale}^2))` per coefficient (Gaussian slab)."""
         scale = self.slab_log_scale.exp()
         ratio = scale / self.prior_scale
         return 0.5 * (ratio**2 + (self.weight / self.prior_scale) ** 2 - 1.0) - torch.log(ratio)

@@ -22,9 +22,9 @@ def init_weights_(weight, bias=None, scheme="torch"):
     r"""Initialise a linear or convolutional layer's ``weight`` (``(out, in, ...)``) and ``bias`` in place.
 
     ``"torch"``: the initialisation of :class:`torch.nn.Linear` / :class:`torch.nn.Conv2d`, uniform with
-    standard deviation :math:`1/\sqrt{3\,\text{fan\_in}}` for the weights and bound
-    :math:`1/\sqrt{\text{fan\_in}}` for the bias. ``"he"``: He et al.'s normal initialisation,
-    :math:`N(0, 2/\text{fan\_in})`, and zero bias, as in the paper's public code (whose dense layers store
+    standard deviation :math:`1/\sqrt{3\,\mathrm{fan\_in}}` for the weights and bound
+    :math:`1/\sqrt{\mathrm{fan\_in}}` for the bias. ``"he"``: He et al.'s normal initialisation,
+    :math:`N(0, 2/\mathrm{fan\_in})`, and zero bias, as in the paper's public code (whose dense layers store
     the weight transposed and call it with ``mode="fan_out"``, which is the fan-in there). ``fan_in`` is
     ``in * kh * kw``.
     """
