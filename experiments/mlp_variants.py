@@ -80,7 +80,7 @@ def main(argv=None):
     with open(os.path.join(args.out, "history.json"), "w") as f:
         json.dump(history, f)
     best = min(history, key=lambda r: r[1])
-    print(f"final {history[-1]}  best {best}  {time.time() - start:.0f} s")
+    print(f"final {history[-1]}  lowest test error seen (no model is chosen by it) {best}  {time.time() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -218,7 +218,7 @@ def summarize(out, names, figure=None):
         "run",
         "epochs",
         "test error",
-        "best (epoch)",
+        "lowest test error seen (epoch; no model is chosen by it)",
         "architecture",
         "params",
         "FLOPs",
