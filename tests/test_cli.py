@@ -76,6 +76,23 @@ def test_fit_variants(tmp_path, capsys, extra):
     last = json.loads((tmp_path / "history.json").read_text())[-1]
     if last.get("validation_error") is not None:  # classifiers; a regression reports another metric
         assert summary["val"] == pytest.approx(last["validation_error"])
+    if "bayes" in extra and "linear" in extra:
+        _assert_exact_inclusion(summary, printed)
+
+
+def _assert_exact_inclusion(summary, printed):
+    """A Bayes regression's probabilities are the exact posterior's of the model its check states (2^10 models on the
+    training split), within Monte Carlo error, whatever its gates say; the table shows both."""
+    from l0bayes.analysis import exact_inclusion_probabilities
+
+    check = summary["inclusion_check"]
+    assert check["prior_inclusion"] == 0.5 and check["slab_scale"] == 1.0 and check["reliable"]
+    data = load_dataset("diabetes", seed=0)
+    x, y = data.x_train.double().numpy(), data.y_train.double().numpy()
+    exact = exact_inclusion_probabilities(x - x.mean(0), y - y.mean(), 0.5, 1.0, check["noise_scale"]).inclusion
+    headline = [pi for _, pi, _ in summary["features"]]
+    assert headline == check["checked"] and max(abs(a - b) for a, b in zip(headline, exact, strict=True)) < 0.05
+    assert "checked  q(z != 0)  status" in printed and "inclusion check (reweighted" in printed
 
 
 def test_fit_on_an_idx_directory(tmp_path, capsys):

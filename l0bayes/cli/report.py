@@ -143,10 +143,23 @@ def format_table(cfg, data, result, wall, device, extra_rows=()):
     line = "-" * (width + 2 + max(len(v) for _, v in rows))
     lines = [_header(cfg, data), line, *(f"{k.ljust(width)}  {v}" for k, v in rows), line]
     if result.get("features"):
-        name_width = max(7, *(len(n) for n, _, _ in result["features"]))
-        lines.append(f"{'feature'.rjust(name_width)}  q(z != 0)  coefficient (Eq. 13, standardised units)")
-        lines += [f"{n.rjust(name_width)}  {pi:9.3f}  {c:+11.3f}" for n, pi, c in result["features"]]
+        lines += _feature_table(result["features"], result.get("inclusion_check"), result.get("selected"))
     return "\n".join(lines)
+
+
+def _feature_table(features, check=None, selected=None):
+    """One row per feature: its inclusion probability and Eq. 13 coefficient; with the inclusion check of a Bayes
+    run (:mod:`l0bayes.cli.inclusion`), the checked probability, the trained gate's and the status of each."""
+    width = max(7, *(len(n) for n, _, _ in features))
+    if check is None:
+        lines = [f"{'feature'.rjust(width)}  q(z != 0)  coefficient (Eq. 13, standardised units)"]
+        return lines + [f"{n.rjust(width)}  {pi:9.3f}  {c:+11.3f}" for n, pi, c in features]
+    from .inclusion import check_lines
+
+    lines = [f"{'feature'.rjust(width)}  checked  q(z != 0)  status     coefficient (Eq. 13, standardised units)"]
+    rows = zip(features, check["variational"], check["status"], strict=True)
+    lines += [f"{n.rjust(width)}  {pi:7.3f}  {q:9.3f}  {st:9}  {c:+11.3f}" for (n, pi, c), q, st in rows]
+    return lines + check_lines(check, selected)
 
 
 def summary_record(result, wall, device, extra=None):
