@@ -338,9 +338,10 @@ def test_linear_run_plots_the_rmse_and_names_the_features(tmp_path, capsys, monk
     assert "0.5 log N" not in printed and "lambda none (Gaussian slab" in printed
     summary = json.loads((tmp_path / "summary.json").read_text())
     training = figures["training.png"]
-    assert "test RMSE" in training["ylabels"][0] and "error" not in training["ylabels"][0]
+    # the run has a validation split: the history (and the panel) follow it; the test split is evaluated once
+    assert "validation RMSE" in training["ylabels"][0] and "error" not in training["ylabels"][0]
     # the per-epoch RMSE of the history, ending at the table's RMSE (not an empty panel)
-    assert len(training["points"][0]) == 2 and training["points"][0][-1] == pytest.approx(summary["test"], rel=1e-5)
+    assert len(training["points"][0]) == 2 and training["points"][0][-1] == pytest.approx(summary["val"], rel=1e-5)
     names = load_dataset("diabetes").feature_names
     assert figures["gates.png"]["xticks"] == names == ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
     # a per-epoch RMSE, when the history records one, is preferred to the final point
@@ -456,7 +457,7 @@ def test_plots_show_their_references(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     training = figures["training.png"]
-    assert [a["ylabel"] for a in training] == ["test error (%)", "expected FLOPs"]
+    assert [a["ylabel"] for a in training] == ["validation error (%)", "expected FLOPs"]
     # dense 64-16-8-10: two FLOPs per multiply-add, one per bias
     assert training[1]["levels"] == [summary["flops_dense"]] == [2 * (64 * 16 + 16 * 8 + 8 * 10) + 16 + 8 + 10]
     assert any("dense" in text and f"{summary['flops_dense']:,}" in text for text in training[1]["legend"])

@@ -9,12 +9,14 @@ rules (refuse a used directory, one run at a time, atomic writes) are in :mod:`l
 
 One module per concern:
 
-* :mod:`~l0bayes.cli.arguments`: the argument parser and the parsers of option values;
+* :mod:`~l0bayes.cli.arguments`: the argument parser and the rules of the option values (also for
+  ``config.json``);
 * :mod:`~l0bayes.cli.config`: defaults, their checks, ``config.json`` and what ``--resume`` may change;
 * :mod:`~l0bayes.cli.threads`: how OpenMP threads wait (set before torch loads);
 * :mod:`~l0bayes.cli.models`: the model built from the settings and the data set;
 * :mod:`~l0bayes.cli.rundir`: the run directory (lock, atomic writes, stale checkpoints);
 * :mod:`~l0bayes.cli.evaluation`: the final numbers and the pruned model;
+* :mod:`~l0bayes.cli.inclusion`: the checked inclusion probabilities of a Bayes regression's table;
 * :mod:`~l0bayes.cli.report`: the final table, ``summary.json``, the history files;
 * :mod:`~l0bayes.cli.plots`: ``training.png`` and ``gates.png``;
 * :mod:`~l0bayes.cli.fit`: ``l0bayes fit`` itself, from the settings to the exit status.

@@ -133,7 +133,7 @@ def _train(cfg, run, model, data, targets, resume, main_process):
             _report_interrupt(run, resume)
         return 130
     except inference.NonFiniteLossError as err:
-        raise CLIError(f"training diverged: {err}", code=1) from None
+        raise CLIError(f"training diverged: {err} (--lr {cfg['lr']:g})", code=1) from None
     except ValueError as err:  # data checks of train(), e.g. labels out of range
         raise CLIError(str(err), code=1) from None
     except FileExistsError as err:  # --tensorboard DIR holding another run's events
