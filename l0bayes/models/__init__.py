@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from .autoguide import AutoHardConcrete, auto_guide_list
 from .classifier import SparseClassifier
+from .distillation import Distillation, DistillationOutput
+from .plain_model import PlainModel
 from .regression import SparseLinearRegression, SparseLogisticRegression
 from .sparse_model import SparseModel
 
@@ -16,6 +18,9 @@ if TYPE_CHECKING:  # pragma: no cover - for static analysis and documentation to
 __all__ = [
     "AutoHardConcrete",
     "auto_guide_list",
+    "Distillation",
+    "DistillationOutput",
+    "PlainModel",
     "SparseClassifier",
     "SparseLinearRegression",
     "SparseLogisticRegression",

@@ -82,7 +82,7 @@ def _full_record(run, train_subset, test_data, input_shape, validation_data):
         terms = _free_energy_terms(model, x.to(device), y.to(device), run.num_data, run.objective.kl)
     record.update(terms.as_dict())
     gates = gates_of(model)
-    record["expected_l0"] = float(sum(g.expected_l0() for _, g in gates).detach())
+    record["expected_l0"] = float(sum(g.expected_l0().detach() for _, g in gates))  # 0 without gates (PlainModel)
     record["active_gates"] = [int(g.active().sum()) for _, g in gates]
     if validation_data is not None:  # test_metrics' names, "validation_" for "test_"
         metrics = test_metrics(model, validation_data, device)
