@@ -1,0 +1,103 @@
+"""benchmarks/bench_smollm2.py end to end on a random tiny Llama (``--tiny``: nothing downloaded or converted), and
+its pieces: the data split, the sizes of SmolLM2's blocks, layer dropping and block influence."""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its neighbour `tables`
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "bench_smollm2_under_test", ROOT / "benchmarks" / "bench_smollm2.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+@pytest.mark.slow  # about 8 CPU seconds
+def test_every_method_runs_on_a_tiny_llama(bench, tmp_path):
+    pytest.importorskip("torch_pruning")  # the peers' (pip install "l0bayes[bench-llm]")
+    out = tmp_path / "run"
+    record = bench.main(
+        ["--tiny", "--out", str(out), "--steps", "2", "--eval-sequences", "2", "--seq-len", "16",
+         "--timing-steps", "1", "--timing-repeats", "1", "--calibration-batches", "1", "--threads", "1",
+         "--alpha", "0.5", "--hidden-weight", "0.1"]
+    )  # fmt: skip
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["dense_ppl"] == pytest.approx(record["dense_ppl"])
+    runs = {r["method"]: r for r in saved["runs"]}
+    assert set(runs) == set(bench.METHODS)
+    for run in runs.values():
+        assert torch.isfinite(torch.tensor([run["ppl"], run["ppl_pruned"]])).all()
+    # the same size for every pruned model: half of the blocks' parameters, whole blocks or half the MLP width
+    for method in ("ours", "tp-magnitude", "tp-taylor"):
+        assert runs[method]["block_parameter_ratio"] == pytest.approx(0.5, abs=0.01), method
+    assert runs["tp-magnitude"]["parameters"] == runs["tp-taylor"]["parameters"]
+    assert runs["layer-drop"]["block_parameter_ratio"] == 0.5
+    assert runs["ours"]["mask_steps"] == 1 and runs["ours"]["steps"] == 2
+    assert set(runs["ours"]["throughput"]) == {"batch1", "batch8"}
+    assert saved["step_times"]["gated_over_dense"] > 0
+    assert "| ours | 1 |" in (out / "results.md").read_text()
+    with pytest.raises(SystemExit, match="exists and is not an empty folder"):
+        bench.main(["--tiny", "--out", str(out), "--steps", "2"])
+
+
+def test_the_data_split(bench):
+    training, validation = bench.stdlib_files()
+    names = [p.name for p in training]
+    assert bench.HELD_BACK not in names and names == sorted(names) and len(names) > 30
+    assert all("a" <= n[0].lower() <= "m" for n in names)
+    assert all("n" <= p.name[0] <= "z" for p in validation) and not set(names) & {p.name for p in validation}
+    stream = torch.arange(1000)
+    windows = bench.eval_windows(stream, 8, 100)
+    assert windows.shape == (8, 100) and windows[0, 0] == 0 and windows[-1, -1] == 999
+    assert (windows[1:, 0] >= windows[:-1, -1]).all()  # not overlapping
+    with pytest.raises(SystemExit, match="fewer than --eval-sequences x --seq-len"):
+        bench.eval_windows(stream, 11, 100)
+
+
+def test_smollm2_sizes(bench):
+    """SmolLM2-135M's blocks (built on the meta device): half of a block is about its attention and 512 MLP units
+    (1,770,624 of 3,540,096 parameters: the norms stay whole)."""
+    config = transformers.LlamaConfig(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+        vocab_size=49152, tie_word_embeddings=True, head_dim=64,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    blocks, group, unit, rest = bench.block_sizes(model)
+    assert (blocks, group, unit, rest) == (30 * 3_540_096, 294_912, 1728, 1152)
+    assert [bench.half_width(model, g) for g in (3, 2, 1)] == [512, 682, 853]
+
+
+def test_block_influence_and_layer_dropping(bench, tmp_path):
+    model, _, _ = bench.tiny_model()
+    ids = torch.randint(0, 257, (2, 12), generator=torch.Generator().manual_seed(0))
+    influence = bench.block_influence(model, [ids])
+    with torch.no_grad():
+        states = model(ids, output_hidden_states=True).hidden_states
+    # 1 - cos(input, output) of block 0 (the last hidden state has the final norm applied)
+    expected = (1 - torch.nn.functional.cosine_similarity(states[0], states[1], dim=-1)).mean()
+    assert influence[0] == pytest.approx(float(expected), rel=1e-5)
+    bench.drop_layers(model, [0, 3])
+    with torch.no_grad():
+        logits = model(ids).logits
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.num_hidden_layers == 2
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, logits, atol=1e-5)
