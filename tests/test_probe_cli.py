@@ -495,6 +495,22 @@ def test_the_bayes_table_reports_checked_probabilities(tmp_path, capsys, slab):
         assert "the point slab states no prior on the coefficients" in printed
 
 
+@pytest.mark.parametrize(
+    ("model", "fraction", "reason"),
+    [
+        ("linear", "0.797", "need at least 3 observations"),  # 2 training rows: was select_variables' ValueError
+        ("logistic", "0.795", "one class only"),  # 3 training rows, all of class 0
+    ],
+)
+def test_a_check_that_cannot_run_says_so_in_the_table(tmp_path, capsys, model, fraction, reason):
+    assert _start(tmp_path, "--model", model, "--objective", "bayes", "--val-fraction", fraction) == 0
+    printed = capsys.readouterr().out
+    check = json.loads((tmp_path / "run" / "summary.json").read_text())["inclusion_check"]
+    assert check["method"] == "not run" and not check["reliable"] and reason in check["diagnostic"]
+    assert set(check["status"]) == {"unchecked"} and check["checked"] == check["variational"]
+    assert "inclusion check (not run" in printed and "NOT reliable" in printed
+
+
 @pytest.mark.slow
 def test_the_logistic_bayes_table_is_checked_too(tmp_path, capsys):
     from l0bayes import select_variables

@@ -45,6 +45,19 @@ def _noise_scale(x, y, model):
     return float(model.noise_scale.detach()), "the model's estimate"
 
 
+class _NotRun:
+    """In place of a :class:`~l0bayes.models.selection.SelectionResult` when the check could not run."""
+
+    method = "not run"
+    reliable = False
+    khat = math.nan
+    mcse = None
+    capped = ()
+
+    def __init__(self, diagnostic):
+        self.diagnostic = diagnostic
+
+
 def check_inclusion(cfg, model, data, y_train, feature_names):
     """The checked inclusion probabilities of the trained regression ``model`` (see the module docstring).
 
@@ -62,22 +75,30 @@ def check_inclusion(cfg, model, data, y_train, feature_names):
     y = y_train.detach().cpu().double().numpy()
     family = "gaussian" if cfg["model"] == "linear" else "bernoulli"
     tau = float(model.prior_scale)
-    spread = x.std(0, ddof=1)
+    spread = x.std(0, ddof=1) if x.shape[0] > 1 else np.ones(x.shape[1])  # (one row: the check refuses it)
     noise, noise_from = (None, None) if family == "bernoulli" else _noise_scale(x, y, model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an unreliable result says so in the table instead
-        result = select_variables(
-            x,
-            y,
-            family=family,
-            prior_inclusion=float(model.prior_inclusion),
-            slab_scale=tau * float(spread.mean()),
-            noise_scale=noise,
-            feature_names=list(feature_names),
-            seed=cfg["seed"],
-        )
-    checked = np.asarray(result.inclusion_probabilities, dtype=np.float64)
     variational = model.inclusion_probabilities().detach().cpu().double().numpy()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an unreliable result says so in the table instead
+            result = select_variables(
+                x,
+                y,
+                family=family,
+                prior_inclusion=float(model.prior_inclusion),
+                slab_scale=tau * float(spread.mean()),
+                noise_scale=noise,
+                feature_names=list(feature_names),
+                seed=cfg["seed"],
+            )
+    except ValueError as err:  # e.g. a training split of 2 rows, or of one class: the table says why
+        result = None
+        reason = str(err)
+    if result is None:
+        checked = variational
+        result = _NotRun(f"the check could not run ({reason}): the probabilities are the trained gates' own")
+    else:
+        checked = np.asarray(result.inclusion_probabilities, dtype=np.float64)
     gap = np.abs(variational - checked)
     allowed = AGREE + (2 * np.nan_to_num(result.mcse) if result.mcse is not None else 0.0)
     if result.reliable:
