@@ -224,9 +224,10 @@ def test_every_family_prunes_to_the_gated_model(family, seed):
     logits' scale, and the exact count is the pruned model's."""
     gated = sparsify_transformer(_family(family, seed), example_inputs=_ids())
     _random_gates(gated, seed)
-    if seed == 0:
+    if seed == 0:  # the attention closed, the MLP open: the block stays, with a ZeroBranch for its attention
         with torch.no_grad():
             gated.get_submodule(gated._l0_transformer[0].name).l0_attention.gate.log_alpha.fill_(-8.0)
+            gated.get_submodule(gated._l0_transformer[0].name).l0_mlp.gate.log_alpha.fill_(8.0)
     gated.eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a non-uniform result keeps its config, and says so

@@ -215,8 +215,10 @@ def test_pruned_gpt_equals_gated_and_exports(seed):
         assert torch.allclose(pruned(x), gated(x), atol=1e-5)
     assert count_parameters(pruned) < count_parameters(gated)
     kept = int(gated.blocks[1].l0_heads.gate.active().sum())
-    attn = pruned.blocks[1].attn
+    alive = [bool(b.l0_attention.gate.active() or b.l0_mlp.gate.active()) for b in gated.blocks]
+    assert len(pruned.blocks) == sum(alive)  # a block with both branches closed is removed
     if gated.blocks[1].l0_attention.gate.active().item():
+        attn = pruned.blocks[int(alive[0])].attn
         assert attn.n_head == max(kept, 1) and attn.q.out_features == max(kept, 1) * D // HEADS
     exported = torch.export.export(pruned, (x,))
     assert torch.allclose(exported.module()(x), pruned(x), atol=1e-6)
@@ -611,3 +613,151 @@ def test_branch_output_is_checked():
         sparsify_transformer(TinyGPT(), [Block("blocks.0", branch_output="residual")], example_inputs=_tokens())
     with pytest.raises(ValueError, match="needs q, k and v in a module of their own"):  # q, k, v, proj share attn
         sparsify_transformer(TinyGPT(), [Block("blocks.0", branch_output="projection")], example_inputs=_tokens())
+
+
+# ------------------------------------------------------------------------------------------- whole blocks
+
+
+def _set_fixed(gates, bits):
+    """Gates fixed open (1) or closed (0), one entry of ``bits`` per gate (Eq. 13 gate exactly 1 or 0)."""
+    with torch.no_grad():
+        for gate, bit in zip(gates, bits, strict=True):
+            gate.log_alpha.fill_(50.0 if bit else -50.0)
+
+
+def test_block_gate_expectation_equals_enumeration_of_pruned_models():
+    """Branch and block gates of a 2-block GPT (the second block's gate fixed open): E_q[count] (the norms of a
+    block count while its block gate and one of its branches are open) equals the sum over all 32 open/closed
+    patterns of their probability times count_parameters(prune(.)) of that pattern, an independent count; the exact
+    count equals it for each pattern."""
+    gated = _gpt(0, heads=False, units=False, depth=True)
+    gates = [g for _, g in gates_of(gated)]
+    assert [n.rsplit(".", 2)[-2] for n, _ in gates_of(gated)][:3] == ["l0_attention", "l0_mlp", "l0_block"]
+    _random_gates(gated, 1, p_closed=0.0)
+    with torch.no_grad():
+        gates[5].log_alpha.fill_(50.0)  # q(z != 0) = 1 within float64
+    size = network_size(gated)
+    q = [float(g.prob_nonzero().detach().double()) for g in gates]
+    assert q[5] == 1.0
+    expected = float(size.parameters("expected").detach())
+    total = 0.0
+    for bits in itertools.product([0, 1], repeat=5):
+        bits = (*bits, 1)
+        _set_fixed(gates, bits)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # patterns that close every attention branch
+            pruned = prune(gated.eval())
+        count = sum(p.numel() for p in pruned.parameters())
+        assert size.parameters("test") == count
+        alive = [bool(bits[3 * i + 2] and (bits[3 * i] or bits[3 * i + 1])) for i in range(2)]
+        assert len(pruned.blocks) == sum(alive)
+        total += math.prod(qi if b else 1 - qi for qi, b in zip(q, bits, strict=True)) * count
+    assert expected == pytest.approx(total, rel=1e-6)
+
+
+def test_a_closed_block_is_removed_and_the_pruned_model_equals_the_gated_one():
+    """A block whose block gate closes is removed with its norms; a block whose two branch gates close (no block
+    gate) too; a fractional open block gate is folded into both branches."""
+    gated = _gpt(2, depth=True)
+    _random_gates(gated, 3, p_closed=0.0)
+    with torch.no_grad():
+        gated.blocks[0].l0_block.gate.log_alpha.fill_(-8.0)
+        gated.blocks[1].l0_block.gate.log_alpha.fill_(0.3)  # Eq. 13 gate in (0, 1)
+    z = float(gated.blocks[1].l0_block.gate.deterministic())
+    assert 0 < z < 1
+    pruned = prune(gated.eval())
+    assert len(pruned.blocks) == 1 and not any(isinstance(m, ZeroBranch) for m in pruned.modules())
+    x = _tokens(4, seed=1)
+    with torch.no_grad():
+        assert torch.allclose(pruned(x), gated(x), atol=1e-5)
+    assert (
+        count_parameters(pruned)
+        == network_size(gated).parameters("test")
+        == count_parameters(TinyGPT(1)) - (count_parameters(GPTBlock()) - count_parameters(pruned.blocks[0]))
+    )
+    gated = _gpt(2)
+    with torch.no_grad():
+        gated.blocks[1].l0_attention.gate.log_alpha.fill_(-8.0)
+        gated.blocks[1].l0_mlp.gate.log_alpha.fill_(-8.0)
+    pruned = prune(gated.eval())
+    assert len(pruned.blocks) == 1 and count_parameters(pruned) == network_size(gated).parameters("test")
+    with torch.no_grad():
+        assert torch.allclose(pruned(x), gated(x), atol=1e-5)
+
+
+def test_block_gate_is_drawn_once_per_call_of_its_block():
+    """In training the block gate multiplies both branches by the same draw."""
+    gated = _gpt(0, heads=False, units=False, layers=False, depth=True).train()
+    seen = []
+    holder = gated.blocks[0].l0_block
+    for name in ("attn", "mlp"):
+        gated.blocks[0].get_submodule(name).register_forward_hook(lambda m, a, out: seen.append(holder._z.clone()))
+    gated(_tokens())
+    assert len(seen) == 2 and torch.equal(seen[0], seen[1]) and holder._z is None
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_depth_needs_blocks_that_are_the_identity_when_closed(norm_first):
+    """A post-norm encoder layer normalises even with both branches closed: depth=True is refused naming it, and
+    its closed branches leave the layer in place; a pre-norm layer is removed."""
+    torch.manual_seed(0)
+    if not norm_first:
+        with pytest.raises(ValueError, match="depth=True: block 'encoder.layers.0' cannot be removed"):
+            sparsify_transformer(Encoder(norm_first=False), example_inputs=_tokens(), depth=True)
+        gated = sparsify_transformer(Encoder(norm_first=False), example_inputs=_tokens())
+    else:
+        gated = sparsify_transformer(Encoder(norm_first=True), example_inputs=_tokens(), depth=True)
+    with torch.no_grad():
+        gated.encoder.layers[0].l0_attention.gate.log_alpha.fill_(-8.0)
+        gated.encoder.layers[0].l0_mlp.gate.log_alpha.fill_(-8.0)
+    pruned = prune(gated.eval())
+    assert len(pruned.encoder.layers) == (1 if norm_first else 2)
+    assert count_parameters(pruned) == network_size(gated).parameters("test")
+    x = _tokens(3, seed=4)
+    with torch.no_grad():
+        assert torch.allclose(pruned(x), gated(x), atol=1e-5)
+
+
+def test_target_architecture_arguments_are_checked():
+    from l0bayes.pruning import TargetArchitecture, fix_architecture
+
+    assert TargetArchitecture.of({"intermediate_size": 8}).as_dict() == {"intermediate_size": 8}
+    cases = [
+        ({"hidden_size": 8}, ValueError, "target_architecture: hidden_size cannot be pruned"),
+        ({"heads": 2}, ValueError, r"unknown entries \['heads'\]"),
+        ({}, ValueError, "target_architecture is empty"),
+        ({"intermediate_size": 2.0}, TypeError, "target_architecture: intermediate_size must be a positive int"),
+        ({"num_hidden_layers": 0}, ValueError, "target_architecture: num_hidden_layers must be a positive int"),
+        ([("intermediate_size", 8)], TypeError, "target_architecture must be a dict"),
+    ]
+    for value, error, match in cases:
+        with pytest.raises(error, match=match):
+            TargetArchitecture.of(value)
+    with pytest.raises(ValueError, match="num_hidden_layers=1: the blocks have no block gates.*depth=True"):
+        fix_architecture(_gpt(0), num_hidden_layers=1)
+    with pytest.raises(ValueError, match="num_hidden_layers=3: the model has 2 gated blocks"):
+        fix_architecture(_gpt(0, depth=True), num_hidden_layers=3)
+    with pytest.raises(ValueError, match="intermediate_size: the blocks have no l0_units gates"):
+        fix_architecture(_gpt(0, units=False), intermediate_size=3)
+    model = SparseModel(_gpt(0), lambda out, target: F.cross_entropy(out.flatten(0, 1), target.flatten()))
+    with pytest.raises(ValueError, match="target_architecture: intermediate_size=100: block blocks.0 has 64"):
+        ConstrainedObjective(model, 8, target_architecture={"intermediate_size": 100})
+    with pytest.raises(ValueError, match="exactly one of target_density.*target_architecture"):
+        ConstrainedObjective(model, 8, target_density=0.5, target_architecture={"intermediate_size": 8})
+    with pytest.raises(ValueError, match="per_layer=True: a target_architecture"):
+        ConstrainedObjective(model, 8, per_layer=True, target_architecture={"intermediate_size": 8})
+
+
+def test_fix_architecture_keeps_the_top_ranked_blocks():
+    from l0bayes.pruning import fix_architecture
+
+    gated = _gpt(0, depth=True)
+    with torch.no_grad():
+        gated.blocks[0].l0_block.gate.log_alpha.fill_(-1.0)
+        gated.blocks[1].l0_block.gate.log_alpha.fill_(1.0)
+    fix_architecture(gated, num_hidden_layers=1, intermediate_size=5)
+    pruned = prune(gated.eval())
+    assert len(pruned.blocks) == 1 and pruned.blocks[0].mlp.fc1.out_features == 5
+    before = _gpt(0, depth=True)
+    with torch.no_grad():
+        assert torch.equal(pruned.blocks[0].ln1.weight, before.blocks[1].ln1.weight)  # block 1 kept

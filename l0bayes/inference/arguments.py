@@ -24,6 +24,7 @@ RANKS = ("log_alpha", "norm")  # the constrained objective's ranking of groups (
 CONSTRAINED_ONLY = {
     "target_density": None,
     "target_flops": None,
+    "target_architecture": None,
     "per_layer": False,
     "rank": RANK,
     "arrival": WAIT,
@@ -189,9 +190,11 @@ _ARGUMENT_RULES = (
     ),
     (
         lambda a: a["objective"] == "constrained",
-        lambda a: (a["target_density"] is None) != (a["target_flops"] is None),
-        "constrained training needs one of target_density (a fraction of the parameters) and target_flops "
-        "(a fraction of the FLOPs), got target_density={target_density!r}, target_flops={target_flops!r}",
+        lambda a: sum(a[k] is not None for k in ("target_density", "target_flops", "target_architecture")) == 1,
+        "constrained training needs one of target_density (a fraction of the parameters), target_flops "
+        "(a fraction of the FLOPs) and target_architecture (the sizes of every block of a transformer), got "
+        "target_density={target_density!r}, target_flops={target_flops!r}, "
+        "target_architecture={target_architecture!r}",
     ),
     *_density_rules("target_density"),
     *_density_rules("target_flops"),

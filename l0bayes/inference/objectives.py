@@ -226,13 +226,16 @@ class ConstrainedObjective(Objective):
         input_shape=None,
         rank=RANK,
         arrival=WAIT,
+        target_architecture=None,
     ):
         super().__init__(model, num_data)
-        if (target_density is None) == (target_flops is None):
+        given = [t for t in (target_density, target_flops, target_architecture) if t is not None]
+        if len(given) != 1:
             raise ValueError(
-                "the constrained objective needs exactly one of target_density (a fraction of the parameters) "
-                f"and target_flops (a fraction of the FLOPs), got target_density={target_density!r}, "
-                f"target_flops={target_flops!r}"
+                "the constrained objective needs exactly one of target_density (a fraction of the parameters), "
+                "target_flops (a fraction of the FLOPs) and target_architecture (the sizes of every block), got "
+                f"target_density={target_density!r}, target_flops={target_flops!r}, "
+                f"target_architecture={target_architecture!r}"
             )
         if rank not in RANKS:
             raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
@@ -244,7 +247,14 @@ class ConstrainedObjective(Objective):
         self.layers = [layer for layer, _ in owners]
         self.layer_names = density_names(model)
         self.per_layer = bool(per_layer)
-        count = len(self.gates) if self.per_layer else 1
+        self.architecture = None
+        if target_architecture is not None:  # one constraint per block and size named, and one on the blocks
+            if self.per_layer:
+                raise ValueError("per_layer=True: a target_architecture already constrains every block on its own")
+            self.architecture = _Architecture(model, target_architecture, self.layers)
+            self.what, self.target_name = "architecture", "target_architecture"
+            target = self.architecture.targets
+        count = len(target) if self.architecture is not None else len(self.gates) if self.per_layer else 1
         targets = torch.as_tensor(target, dtype=torch.float64).reshape(-1)
         if targets.numel() == 1:
             targets = targets.expand(count)
@@ -273,7 +283,10 @@ class ConstrainedObjective(Objective):
         self.trajectory = []  # (epoch, expected fractions) at the start of the last few epochs
 
     def expected(self):
-        """The expected fraction(s) under :math:`q` that the constraints bound: shape ``(1,)`` or ``(L,)``."""
+        """The expected fraction(s) under :math:`q` that the constraints bound: shape ``(1,)`` or ``(L,)`` (with a
+        target architecture: one per constraint, the expected fraction of its gates kept)."""
+        if self.architecture is not None:
+            return self.architecture.expected()
         return self.size.fraction(self.what, "expected", self.per_layer).reshape(-1)
 
     def test_time(self, what=None, per_layer=None):
@@ -295,6 +308,8 @@ class ConstrainedObjective(Objective):
         if self.fixed is not None:
             self._project()
             return
+        if self.architecture is not None:  # the gates the target leaves open stay open
+            self.architecture.hold_open()
         # In place: a step captured as a CUDA graph (l0bayes.inference.graphed) reads this very tensor.
         violation = violation.to(self.mu.dtype)
         self.mu.add_(violation, alpha=self.multiplier_lr).clamp_(min=0.0)
@@ -360,8 +375,11 @@ class ConstrainedObjective(Objective):
 
     @torch.no_grad()
     def keep_masks(self):
-        """The gates kept in the final phase: greedily by rank, each group that keeps the pruned model within target."""
+        """The gates kept in the final phase: greedily by rank, each group that keeps the pruned model within target
+        (with a target architecture: exactly the target's number of top-ranked groups, units and blocks)."""
         scores = [_scores(layer, gate, self.rank) for layer, gate in zip(self.layers, self.gates, strict=True)]
+        if self.architecture is not None:
+            return self.architecture.keep_masks(scores)
         masks = _fit_groups(self.size, self.layers, scores, self.what, self.target_values, self.per_layer)
         values = {id(layer): m.double() for layer, m in zip(self.layers, masks, strict=True)}
         achieved = self.size.fraction_at(values, self.what, self.per_layer)
@@ -382,6 +400,8 @@ class ConstrainedObjective(Objective):
         """In the final phase, the fixed gates (an average of parameters would otherwise blur them)."""
         if self.fixed is not None:
             self._project()
+        elif self.architecture is not None:
+            self.architecture.hold_open()
 
     def _project(self):
         for gate, keep in zip(self.gates, self.fixed, strict=True):
@@ -406,7 +426,9 @@ class ConstrainedObjective(Objective):
         out = {
             "multipliers": self.mu.tolist(),
             "constraint": expected,
-            self.target_name: _scalar_or_list(self.target_values, self.per_layer),
+            self.target_name: self.architecture.target.as_dict()
+            if self.architecture is not None
+            else _scalar_or_list(self.target_values, self.per_layer),
             "test_time_density": self.test_time("parameters", False),
             "test_time_density_per_layer": self.test_time("parameters", True),
             "gates_fixed": self.fixed is not None,
@@ -458,7 +480,59 @@ class ConstrainedObjective(Objective):
 
 
 def _word(what):
+    if what == "architecture":
+        return "fraction of a block's heads, units (or of the blocks) kept"
     return "density" if what == "parameters" else "FLOPs"
+
+
+class _Architecture:
+    """The constraints of a target architecture on the gates of a model of ``sparsify_transformer``.
+
+    One constraint per :class:`~l0bayes.pruning.transformer.target.Choice` with a count (a block's key-value groups,
+    a block's MLP units, all the blocks): the expected fraction of its gates kept, at most ``k / n``. The gates of
+    the other choices (sizes the target does not name, residual branches) are held open.
+    """
+
+    def __init__(self, model, target, layers):
+        from ..pruning.transformer import TargetArchitecture, is_transformer_gated
+
+        net = getattr(model, "net", model)
+        if not is_transformer_gated(net):
+            raise ValueError(
+                "target_architecture needs a model of sparsify_transformer() (or a SparseModel holding one)"
+            )
+        self.target = TargetArchitecture.of(target)
+        try:
+            self.choices = self.target.choices(net)
+        except ValueError as err:
+            raise ValueError(f"target_architecture: {err}") from None
+        covered = {id(h) for c in self.choices for h in c.holders}
+        outside = [i for i, layer in enumerate(layers) if id(layer) not in covered]
+        if outside:
+            names = [density_names(model)[i] for i in outside]
+            raise ValueError(f"target_architecture: gated layers {names} are outside the transformer's blocks")
+        self.constrained = [c for c in self.choices if c.k is not None]
+        self.targets = [c.k / c.num_gates for c in self.constrained]
+        self.index = {id(layer): i for i, layer in enumerate(layers)}
+        self.hold_open()
+
+    def expected(self):
+        return torch.stack([c.expected() for c in self.constrained])
+
+    def keep_masks(self, scores):
+        masks = [None] * len(self.index)
+        for c in self.choices:
+            picks = c.masks([scores[self.index[id(h)]] for h in c.holders])
+            for holder, keep in zip(c.holders, picks, strict=True):
+                masks[self.index[id(holder)]] = keep.cpu()
+        return masks
+
+    @torch.no_grad()
+    def hold_open(self):
+        for c in self.choices:
+            if c.k is None:
+                for holder in c.holders:
+                    holder.gate.log_alpha.fill_(ConstrainedObjective.fixed_log_alpha)
 
 
 def _has_example_inputs(model):

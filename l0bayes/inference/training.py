@@ -66,6 +66,7 @@ def train(
     validation_data=None,
     target_density=None,
     target_flops=None,
+    target_architecture=None,
     rank=RANK,
     arrival=WAIT,
     per_layer=False,
@@ -120,12 +121,17 @@ def train(
         last ``final_phase`` fraction of the epochs (a warning says when the expected fraction is then more
         than 0.02 above the target, and how many more epochs the Lagrangian needed; ``arrival=0.02`` waits for
         it instead, until the last epoch at the latest).
-        ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). The history records
-        the expected fraction (``constraint``), the pruned model's (``test_time_density``,
+        ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). Instead of a fraction, a transformer
+        gated by :func:`~l0bayes.pruning.sparsify_transformer` takes ``target_architecture``: the sizes of every
+        block, e.g. ``{"num_key_value_heads": 1, "intermediate_size": 768, "num_hidden_layers": 15}``
+        (:class:`~l0bayes.pruning.TargetArchitecture`), with one constraint per block and size on the expected
+        number of kept key-value groups and units, one on the expected number of kept blocks, and a final phase
+        that keeps exactly the top-ranked ones, so that the pruned model has these sizes in every block.
+        The history records the expected fraction (``constraint``), the pruned model's (``test_time_density``,
         ``test_time_density_per_layer``, ``test_time_flops`` when the input shape is known) and the multipliers.
-        These settings (``target_density``, ``target_flops``, ``per_layer``, ``rank``, ``arrival``,
-        ``multiplier_lr``, ``dual_restarts``, ``final_phase``) are the constrained objective's: given to another
-        objective, which would ignore them, they are a ``ValueError``.
+        These settings (``target_density``, ``target_flops``, ``target_architecture``, ``per_layer``, ``rank``,
+        ``arrival``, ``multiplier_lr``, ``dual_restarts``, ``final_phase``) are the constrained objective's: given
+        to another objective, which would ignore them, they are a ``ValueError``.
     :param device: where to train: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``. The model moves
         there for training and back to the device it was on when ``train`` returns (or raises), like the
         multipliers; :attr:`TrainResult.device` says where it trained. Tensor data are copied to the device
@@ -292,8 +298,11 @@ def _build_run(model, x, y, a, ddp):
     multiplier_lr = MULTIPLIER_LR_PER_LR * gate_step if a["multiplier_lr"] is None else a["multiplier_lr"]
     constrained = {
         k: a[k]
-        for k in ("target_density", "target_flops", "rank", "arrival", "per_layer", "dual_restarts", "final_phase")
-    }
+        for k in (
+            "target_density", "target_flops", "target_architecture", "rank", "arrival", "per_layer", "dual_restarts",
+            "final_phase",
+        )
+    }  # fmt: skip
     if a["objective"] == "constrained":
         shape = a["input_shape"]
         if shape is None and torch.is_tensor(x):

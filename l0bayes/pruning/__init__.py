@@ -34,10 +34,12 @@ from .size import (
 from .sparsify import GatedLayer, Group, GroupGate, sparsify, strip_gates
 from .transformer import (
     Block,
+    BlockGate,
     HeadGate,
     LayerGate,
     PrunedMultiheadAttention,
     PrunedTransformerEncoderLayer,
+    TargetArchitecture,
     TransformerSize,
     UnitGate,
     ZeroBranch,
@@ -50,6 +52,7 @@ from .wrn import l0_wide_resnet
 
 __all__ = [
     "Block",
+    "BlockGate",
     "GatedLayer",
     "Group",
     "GroupGate",
@@ -60,6 +63,7 @@ __all__ = [
     "LayerGate",
     "PrunedMultiheadAttention",
     "PrunedTransformerEncoderLayer",
+    "TargetArchitecture",
     "TransformerSize",
     "UnitGate",
     "ZeroBranch",

@@ -12,7 +12,11 @@ Sheared-LLaMA (Xia et al., 2024):
   :func:`~l0bayes.pruning.sparsify` gates a linear layer's inputs). A closed unit removes the column of the
   second layer and the row and bias of the first (of every first layer, for a gated linear unit);
 * **layers**: one scalar gate per residual branch (the attention branch and the MLP branch of a block),
-  multiplying the branch's output, :math:`x + z\, f(x)`. A closed branch is removed.
+  multiplying the branch's output, :math:`x + z\, f(x)`. A closed branch is removed;
+* **blocks** (``depth=True``): one scalar gate per block (Sheared-LLaMA's layer mask), multiplying the outputs
+  of all its branches. A block whose branches are all closed (by their own gates or by the block gate) is
+  removed from its ``nn.ModuleList`` when it is then the identity (a pre-norm block), with its normalisation
+  layers: they count as :math:`c_n\, z_b \big(1 - \prod_i (1 - z_i)\big)` over its branch gates :math:`z_i`.
 
 Each gate is drawn once per forward pass of the model (one draw per minibatch, as in the paper); in
 ``eval()`` mode the Eq. 13 gate is used. :func:`prune_transformer` (called by
@@ -55,9 +59,10 @@ from .blocks import (
     V_NAMES,
     Block,
 )
-from .gates import HeadGate, LayerGate, UnitGate
+from .gates import BlockGate, HeadGate, LayerGate, UnitGate
 from .prune import fix_architecture, prune_transformer
 from .size import TransformerSize, flops_per_token
+from .target import TargetArchitecture
 
 __all__ = [
     "ATTENTION_NAMES",
@@ -72,10 +77,12 @@ __all__ = [
     "UP_NAMES",
     "V_NAMES",
     "Block",
+    "BlockGate",
     "HeadGate",
     "LayerGate",
     "PrunedMultiheadAttention",
     "PrunedTransformerEncoderLayer",
+    "TargetArchitecture",
     "TransformerSize",
     "UnitGate",
     "ZeroBranch",

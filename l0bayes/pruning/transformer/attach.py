@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..sparsify import _as_tuple, _probe_forward, is_sparsified
-from .attention import _ExplicitMultiheadAttention, _GatedTransformerEncoderLayer
+from .attention import ZeroBranch, _ExplicitMultiheadAttention, _GatedTransformerEncoderLayer
 from .blocks import (
     ATTENTION_NAMES,
     MLP_NAMES,
@@ -20,7 +20,7 @@ from .blocks import (
     _resolve,
     _unit_groups,
 )
-from .gates import HeadGate, LayerGate, UnitGate
+from .gates import BlockGate, HeadGate, LayerGate, UnitGate
 from .projections import features
 
 
@@ -32,6 +32,7 @@ def sparsify_transformer(
     heads=True,
     units=True,
     layers=True,
+    depth=False,
     may_remove_all=False,
     inplace=False,
     **gate_kwargs,
@@ -49,6 +50,11 @@ def sparsify_transformer(
     :param bool heads: attach a :class:`HeadGate` ``l0_heads`` to every block.
     :param bool units: attach a :class:`UnitGate` ``l0_units`` to every block.
     :param bool layers: attach :class:`LayerGate` s ``l0_attention`` and ``l0_mlp`` to every block.
+    :param bool depth: attach a :class:`BlockGate` ``l0_block`` to every block: one gate for the whole block
+        (Sheared-LLaMA's layer mask), which a target architecture's ``num_hidden_layers`` trains. Every block must
+        then be removable: the identity when its branches are closed (pre-norm, as Llama, GPT-2 and OPT's default
+        are; a post-norm block such as BERT's normalises even then), and an entry of an ``nn.ModuleList`` or
+        ``nn.Sequential``.
     :param bool may_remove_all: whether the final cut of the constrained objective may close the attention
         branch (or the MLP branch) of every block, and :func:`~l0bayes.pruning.prune` may remove them all without
         a warning. Default ``False``: the final cut keeps the best-scored branch of each kind open whatever the
@@ -60,11 +66,18 @@ def sparsify_transformer(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    for key, value in (("heads", heads), ("units", units), ("layers", layers), ("may_remove_all", may_remove_all)):
+    flags = (
+        ("heads", heads),
+        ("units", units),
+        ("layers", layers),
+        ("depth", depth),
+        ("may_remove_all", may_remove_all),
+    )
+    for key, value in flags:
         if not isinstance(value, bool):
             raise TypeError(f"{key} must be True or False, got {value!r}")
-    if not (heads or units or layers):
-        raise ValueError("heads, units and layers are all False: nothing to gate")
+    if not (heads or units or layers or depth):
+        raise ValueError("heads, units, layers and depth are all False: nothing to gate")
     example_inputs = _check_example_inputs(example_inputs)
     if is_sparsified(model) or is_transformer_gated(model):
         raise ValueError("the model already has gates")
@@ -84,9 +97,18 @@ def sparsify_transformer(
         if r.name in seen:
             raise ValueError(f"block {r.name!r} named twice")
         seen.add(r.name)
-    _probe_outputs(model, resolved, example_inputs, layers)
+    _probe_outputs(model, resolved, example_inputs, layers or depth)
+    _probe_removable(model, resolved, example_inputs)
+    if depth:
+        fixed = [r.name for r in resolved if not r.removable]
+        if fixed:
+            raise ValueError(
+                f"depth=True: block {fixed[0]!r} cannot be removed as a whole (it is not the identity when its "
+                "branches are closed, as a post-norm block normalises its input even then, or it is no entry of an "
+                "nn.ModuleList / nn.Sequential); gate it with depth=False (its branches may still close)"
+            )
     for r in resolved:
-        _attach_block(model, r, heads, units, layers, gate_kwargs, may_remove_all)
+        _attach_block(model, r, heads, units, layers, gate_kwargs, may_remove_all, depth)
     for m in model.modules():  # the nested-tensor fast path would skip the gates
         if isinstance(m, nn.TransformerEncoder):
             m.use_nested_tensor = False
@@ -180,7 +202,7 @@ def _probe_outputs(model, resolved, inputs, layers):
             )
 
 
-def _attach_block(model, r, heads, units, layers, gate_kwargs, may_remove_all=False):
+def _attach_block(model, r, heads, units, layers, gate_kwargs, may_remove_all=False, depth=False):
     """The gates of one block, in the order heads, units, attention branch, MLP branch (then a decoder layer's
     cross-attention heads and branch): the order of :func:`~l0bayes.nn.gates_of`."""
     block = model.get_submodule(r.name)
@@ -212,6 +234,8 @@ def _attach_block(model, r, heads, units, layers, gate_kwargs, may_remove_all=Fa
         if layers:
             keep = None if may_remove_all else "cross_attention"
             _attach_attention_branch(model, block, r.cross, gate_kwargs, like, keep)
+    if depth:
+        _attach_block_gate(model, block, r, gate_kwargs, like, None if may_remove_all else "block")
 
 
 def _like(holder, like):
@@ -239,6 +263,77 @@ def _attach_branch(model, block, key, modules, hooked, kind, gate_kwargs, like=N
     setattr(block, key, holder)
     if kind != "encoder":  # the encoder layer's forward calls its branch gates itself
         model.get_submodule(hooked).register_forward_hook(holder._gate_output)
+
+
+def _branch_outputs(r):
+    """The modules whose outputs are block ``r``'s branch outputs (where branch and block gates multiply)."""
+    out = [att.out if att.branch_output == "projection" else att.attention for att in _attentions(r)]
+    return [*out, r.down if r.mlp_at_projection else r.mlp]
+
+
+def _attach_block_gate(model, block, r, gate_kwargs, like, keep_one_of):
+    holder = _like(BlockGate(max(1, _own_parameters([block])), keep_one_of=keep_one_of, **gate_kwargs), like)
+    holder._groups = [(block, n, 0, 0) for n, _ in block.named_parameters() if not n.startswith("l0_")]
+    block.l0_block = holder
+    block.register_forward_pre_hook(holder._draw)
+    block.register_forward_hook(holder._release)
+    if r.kind != "encoder":  # the encoder layer's forward reads its block gate itself
+        for name in _branch_outputs(r):
+            model.get_submodule(name).register_forward_hook(holder._gate_output)
+
+
+def _probe_removable(model, resolved, inputs):
+    """Set each block's ``removable``: an entry of an ``nn.ModuleList`` or ``nn.Sequential`` that returns its input
+    (exactly) when the outputs of all its branches are zero, found by one forward pass with those outputs zeroed."""
+    seen, handles = {}, []
+
+    def zero(module, args, output):
+        if isinstance(output, tuple):
+            return (torch.zeros_like(output[0]), *output[1:])
+        return torch.zeros_like(output)
+
+    def record_input(name):
+        def hook(module, args, kwargs):
+            seen[name] = [_block_input(args, kwargs), None]
+
+        return hook
+
+    def record_output(name):
+        def hook(module, args, output):
+            if name in seen:
+                seen[name][1] = output[0] if isinstance(output, tuple) and output else output
+
+        return hook
+
+    for r in resolved:
+        parent = model.get_submodule(r.name.rpartition(".")[0]) if "." in r.name else None
+        r.removable = False
+        if r.kind == "encoder":
+            r.removable = isinstance(parent, (nn.ModuleList, nn.Sequential)) and model.get_submodule(r.name).norm_first
+            continue
+        if not isinstance(parent, (nn.ModuleList, nn.Sequential)) or r.branch_output != "module":
+            continue
+        block = model.get_submodule(r.name)
+        handles.append(block.register_forward_pre_hook(record_input(r.name), with_kwargs=True))
+        handles.append(block.register_forward_hook(record_output(r.name)))
+        handles += [model.get_submodule(n).register_forward_hook(zero) for n in _branch_outputs(r)]
+    if not handles:
+        return
+    try:
+        _probe_forward(model, inputs, handles)
+    except (RuntimeError, TypeError, ValueError, IndexError, AttributeError):
+        return  # the model does not run with its branches zeroed: no block is removed
+    for r in resolved:
+        x, y = seen.get(r.name, (None, None))
+        if torch.is_tensor(x) and torch.is_tensor(y) and x.shape == y.shape and torch.equal(x, y):
+            r.removable = True
+
+
+def _block_input(args, kwargs):
+    """The residual stream a block is called with: its first positional argument or input keyword."""
+    if args:
+        return args[0]
+    return next((kwargs[k] for k in ZeroBranch.INPUT_KEYWORDS if torch.is_tensor(kwargs.get(k))), None)
 
 
 def is_transformer_gated(module):

@@ -226,6 +226,10 @@ class _GatedTransformerEncoderLayer(nn.TransformerEncoderLayer):
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         z_a = self.l0_attention.gate() if hasattr(self, "l0_attention") else None
         z_m = self.l0_mlp.gate() if hasattr(self, "l0_mlp") else None
+        if hasattr(self, "l0_block"):  # the block gate multiplies both branches
+            z_b = self.l0_block.value()
+            z_a = z_b if z_a is None else z_a * z_b
+            z_m = z_b if z_m is None else z_m * z_b
         return _encoder_forward(self, src, src_mask, src_key_padding_mask, is_causal, z_a, z_m)
 
 

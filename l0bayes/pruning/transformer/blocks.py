@@ -131,6 +131,7 @@ class _Resolved:
     cross: "_Resolved | None" = None  # a decoder layer's cross-attention (its own head and branch gates)
     kv_heads: int = 0  # key-value heads (0: as many as query heads)
     qkv_layout: str = "concatenated"  # of a fused projection: "concatenated" or "per_head"
+    removable: bool = False  # the identity with its branches closed, in a ModuleList: prune() removes it then
 
     @property
     def groups(self):

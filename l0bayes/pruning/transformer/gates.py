@@ -74,3 +74,36 @@ class LayerGate(_TransformerGate):
         if isinstance(output, tuple):
             return (output[0] * self.gate().to(output[0].dtype), *output[1:])
         return output * self.gate().to(output.dtype)
+
+
+class BlockGate(LayerGate):
+    r"""One scalar gate on a whole block (``l0_block``; Sheared-LLaMA's layer mask), :math:`z_b`.
+
+    It multiplies the output of every residual branch of its block, together with the branch's own gate:
+    :math:`x + z_b z_a\, \mathrm{attn}(x)`, then :math:`x + z_b z_m\, \mathrm{mlp}(x)`. Its value is drawn once per
+    call of the block (a forward pre-hook on the block) and read by every branch. A closed block gate closes the
+    whole block, which :func:`~l0bayes.pruning.prune` then removes from the model (its normalisation layers with
+    it); an open fractional value is folded into the branches' last layers, as a branch gate's is. Attached by
+    :func:`sparsify_transformer` with ``depth=True``, to blocks that are the identity when their branches are
+    closed (pre-norm blocks such as Llama's and GPT-2's).
+    """
+
+    def __init__(self, group_size, keep_one_of=None, **gate_kwargs):
+        super().__init__(1, group_size, keep_one_of=keep_one_of, **gate_kwargs)
+        self._z = None
+
+    def value(self):
+        """The gate of the block's current call (drawn by the pre-hook), or a new draw outside a call of the block."""
+        return self._z if self._z is not None else self.gate()
+
+    def _draw(self, module, args):
+        self._z = self.gate()
+
+    def _release(self, module, args, output):
+        self._z = None
+
+    def _gate_output(self, module, args, output):
+        z = self.value()
+        if isinstance(output, tuple):
+            return (output[0] * z.to(output[0].dtype), *output[1:])
+        return output * z.to(output.dtype)

@@ -67,10 +67,16 @@ def _describes(plain, config):
     return None
 
 
-def update_config(plain, resolved):
+#: Config entries of the number of blocks, by family (Llama, BERT, OPT: ``num_hidden_layers``; GPT-2: ``n_layer``).
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def update_config(plain, resolved, removed=None):
     """Set the config of the pruned Hugging Face model ``plain`` to its kept sizes; warn when it cannot be.
 
-    Models without a Hugging Face config are left as they are.
+    ``removed``: ``{list name: (the kept blocks' former positions, the former length)}`` where whole blocks were
+    removed; the config's number of layers (and its per-layer ``layer_types``) then follows. Models without a
+    Hugging Face config are left as they are.
     """
     if not _is_hf(plain):
         return
@@ -86,8 +92,24 @@ def update_config(plain, resolved):
         _cannot(plain, f"the blocks keep different sizes ((heads, kv heads, head_dim), units): {shapes}")
         return
     config = copy.deepcopy(plain.config)
-    (heads, kv_heads, head_dim), units = shapes[0]
     entries = config.to_dict()
+    if shapes:  # (none: every block was removed)
+        _set_sizes(config, entries, *shapes[0])
+    if removed:
+        why = _set_layers(config, entries, removed)
+        if why is not None:
+            _cannot(plain, why)
+            return
+    why = _describes(plain, config)
+    if why is not None:
+        _cannot(plain, why)
+        return
+    _set_config(plain, config)
+
+
+def _set_sizes(config, entries, attention, units):
+    """Set the config's heads, key-value heads, head width and MLP width to one block's."""
+    heads, kv_heads, head_dim = attention
     config.num_attention_heads = heads
     if "num_key_value_heads" in entries:
         config.num_key_value_heads = kv_heads
@@ -96,11 +118,21 @@ def update_config(plain, resolved):
     key = next((k for k in INTERMEDIATE_KEYS if k in entries), None)
     if key is not None:
         setattr(config, key, units)
-    why = _describes(plain, config)
-    if why is not None:
-        _cannot(plain, why)
-        return
-    _set_config(plain, config)
+
+
+def _set_layers(config, entries, removed):
+    """Lower the config's number of layers (and subset its ``layer_types``) to the kept blocks; ``None``, or why not."""
+    if len(removed) > 1:
+        return f"blocks were removed from {len(removed)} lists of layers ({sorted(removed)})"
+    ((where, (kept, before)),) = removed.items()
+    key = next((k for k in LAYER_KEYS if k in entries), None)
+    if key is None or entries[key] != before:
+        return f"blocks were removed from {where}, whose {before} layers the config does not count"
+    setattr(config, key, len(kept))
+    types = entries.get("layer_types")
+    if isinstance(types, list) and len(types) == before:
+        config.layer_types = [types[i] for i in kept]
+    return None
 
 
 def _set_config(model, config):

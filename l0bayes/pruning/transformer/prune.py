@@ -1,6 +1,7 @@
 """Removing what the gates close: :func:`prune_transformer`."""
 
 import copy
+import dataclasses
 import warnings
 from collections.abc import Mapping
 
@@ -30,6 +31,21 @@ def _gate_value(block, key):
     return None if holder is None else holder.gate.deterministic()
 
 
+def _branch_value(block, key):
+    """The Eq. 13 value a branch's output is multiplied by: its own gate times the block's (``None``: neither)."""
+    z, z_block = _gate_value(block, key), _gate_value(block, "l0_block")
+    if z_block is None:
+        return z
+    return z_block if z is None else z * z_block
+
+
+def _closed(block, r):
+    """Whether every branch of block ``r`` is closed (then the block computes the identity, if it is removable)."""
+    keys = [att.branch_key for att in _attentions(r)] + ["l0_mlp"]
+    values = [_branch_value(block, key) for key in keys]
+    return all(v is not None and float(v) == 0.0 for v in values)
+
+
 def _close_attention(plain, r, att):
     """Replace a closed attention branch by :class:`ZeroBranch` es."""
     pair = r.outputs == 2 or isinstance(att, nn.MultiheadAttention)
@@ -44,7 +60,7 @@ def _close_attention(plain, r, att):
 @torch.no_grad()
 def _prune_attention(plain, r, block):
     """Replace the attention of block ``r`` by its kept heads (Eq. 13 values folded), or a :class:`ZeroBranch`."""
-    z_layer = _gate_value(block, r.branch_key)
+    z_layer = _branch_value(block, r.branch_key)
     att = plain.get_submodule(r.attention)
     if z_layer is not None and float(z_layer) == 0.0:
         _close_attention(plain, r, att)
@@ -104,7 +120,7 @@ def _prune_attention(plain, r, block):
 @torch.no_grad()
 def _prune_mlp(plain, r, block):
     """Remove the closed units of block ``r``'s MLP (Eq. 13 values folded), or the whole branch. ``False``: gone."""
-    z_layer = _gate_value(block, "l0_mlp")
+    z_layer = _branch_value(block, "l0_mlp")
     down = plain.get_submodule(r.down)
     if z_layer is not None and float(z_layer) == 0.0:
         if r.mlp_at_projection:
@@ -168,19 +184,67 @@ def prune_transformer(model, example_inputs=None):
             object.__delattr__(plain, attr)
     if not may_remove_all:
         _warn_if_all_closed(plain, resolved)
+    removed = []
     for r in resolved:
         block = plain.get_submodule(r.name)
+        if r.removable and _closed(block, r):
+            removed.append(r)
         for att in _attentions(r):
             _prune_attention(plain, att, block)
         feed_forward = _prune_mlp(plain, r, block)
-        for key in ("l0_heads", "l0_units", "l0_attention", "l0_mlp", "l0_cross_heads", "l0_cross_attention"):
+        keys = ("l0_heads", "l0_units", "l0_attention", "l0_mlp", "l0_cross_heads", "l0_cross_attention", "l0_block")
+        for key in keys:
             if hasattr(block, key):
                 delattr(block, key)
         if r.kind == "encoder":
             _set(plain, r.name, PrunedTransformerEncoderLayer(block, block.self_attn, feed_forward))
-    update_config(plain, resolved)
+    kept, positions = _remove_blocks(plain, resolved, removed)
+    update_config(plain, kept, positions)
     _check_equal(model, plain, example_inputs)
     return plain.eval()
+
+
+def _remove_blocks(plain, resolved, removed):
+    """Delete the ``removed`` blocks from their ``nn.ModuleList`` (or ``nn.Sequential``); renumber the ``layer_idx``
+    of the later blocks' modules (Hugging Face's key-value cache is indexed by it). Returns the kept blocks under
+    their new names, and ``{list name: (the kept entries' former positions, the former length)}`` of the lists that
+    lost blocks."""
+    gone = {r.name for r in removed}
+    renames, positions = {}, {}
+    for parent in sorted({r.name.rpartition(".")[0] for r in removed}):  # (a removable block is a list's entry)
+        container = plain.get_submodule(parent)
+        before = len(container)
+        drop = [i for i in range(before) if f"{parent}.{i}" in gone]
+        for i in reversed(drop):
+            del container[i]
+        kept = [i for i in range(before) if i not in drop]
+        positions[parent] = (kept, before)
+        for new, old in enumerate(kept):
+            renames[f"{parent}.{old}"] = f"{parent}.{new}"
+            for m in container[new].modules():
+                value = getattr(m, "layer_idx", None)
+                if isinstance(value, int) and not isinstance(value, bool) and value == old:
+                    m.layer_idx = new
+    kept = [_renamed(r, renames) for r in resolved if r.name not in gone]
+    return kept, positions
+
+
+def _renamed(r, renames):
+    """``r`` with its block's prefix changed as ``renames`` says (a block that moved up its list)."""
+    new = renames.get(r.name)
+    if new is None or new == r.name:
+        return r
+
+    def move(name):
+        if isinstance(name, str) and (name == r.name or name.startswith(r.name + ".")):
+            return new + name[len(r.name) :]
+        return name
+
+    fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    fields = {k: [move(n) for n in v] if isinstance(v, list) else move(v) for k, v in fields.items()}
+    if r.cross is not None:
+        fields["cross"] = _renamed(r.cross, {r.name: new})
+    return dataclasses.replace(r, **fields)
 
 
 def _warn_if_all_closed(plain, resolved):
@@ -189,9 +253,9 @@ def _warn_if_all_closed(plain, resolved):
     for r in resolved:
         block = plain.get_submodule(r.name)
         for kind, key in (("attention", r.branch_key), ("MLP", "l0_mlp")):
-            kinds[kind].append(_gate_value(block, key))
+            kinds[kind].append(_branch_value(block, key))
         if r.cross is not None:
-            kinds["cross-attention"].append(_gate_value(block, r.cross.branch_key))
+            kinds["cross-attention"].append(_branch_value(block, r.cross.branch_key))
     for kind, values in kinds.items():
         if values and all(v is not None and float(v) == 0.0 for v in values):
             warnings.warn(
@@ -255,69 +319,45 @@ FIXED_LOG_ALPHA = 50.0
 
 
 @torch.no_grad()
-def fix_architecture(model, num_attention_heads=None, num_key_value_heads=None, intermediate_size=None):
+def fix_architecture(
+    model, num_attention_heads=None, num_key_value_heads=None, intermediate_size=None, num_hidden_layers=None
+):
     r"""Fix the gates of a model of :func:`sparsify_transformer` to one architecture, the same in every block.
 
     In every gated block the best-ranked (largest ``log_alpha``) key-value groups (heads, without grouped-query
     attention) and MLP units stay open, with Eq. 13 gate exactly 1, and the others are closed; the branch gates
-    are opened. :func:`~l0bayes.pruning.prune` then returns a model with exactly these sizes in every block (of
-    the same Hugging Face class with an updated config, which ``save_pretrained`` / ``from_pretrained``
-    rebuild). A size left ``None`` keeps its gates as they are (give all of them for a uniform result).
+    are opened; with ``num_hidden_layers``, the best-ranked block gates stay open and the other blocks close
+    (``prune`` removes them). :func:`~l0bayes.pruning.prune` then returns a model with exactly these sizes in every
+    block (of the same Hugging Face class with an updated config, which ``save_pretrained`` / ``from_pretrained``
+    rebuild). A head or unit size left ``None`` keeps its gates as they are (give all of them for a uniform
+    result); ``num_hidden_layers=None`` opens every block gate.
 
     :param num_attention_heads: query heads per block: a multiple of the query heads per key-value group.
     :param num_key_value_heads: key-value heads per block (with grouped-query attention; it must agree with
         ``num_attention_heads`` when both are given).
     :param intermediate_size: MLP units per block.
+    :param num_hidden_layers: blocks kept (needs ``sparsify_transformer(..., depth=True)``).
     :returns: ``model``, its gates fixed (in place).
     """
+    from .target import TargetArchitecture
+
     if not is_transformer_gated(model):
         raise ValueError("fix_architecture needs a model of sparsify_transformer()")
-    for key, value in (
-        ("num_attention_heads", num_attention_heads),
-        ("num_key_value_heads", num_key_value_heads),
-        ("intermediate_size", intermediate_size),
-    ):
+    sizes = {
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_hidden_layers,
+    }
+    for key, value in sizes.items():
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ValueError(f"{key} must be a positive int, got {value!r}")
-    for r in model._l0_transformer:
-        block = model.get_submodule(r.name)
-        per_group = r.num_heads // r.groups
-        groups = num_key_value_heads
-        if num_attention_heads is not None:
-            if num_attention_heads % per_group or num_attention_heads > r.num_heads:
-                raise ValueError(
-                    f"num_attention_heads={num_attention_heads}: block {r.name} has {r.num_heads} query heads in "
-                    f"groups of {per_group} (one per key-value head); give a multiple of {per_group} up to "
-                    f"{r.num_heads}"
-                )
-            if groups is not None and groups * per_group != num_attention_heads:
-                raise ValueError(
-                    f"num_attention_heads={num_attention_heads} and num_key_value_heads={groups} disagree: block "
-                    f"{r.name} keeps {per_group} query heads per key-value head"
-                )
-            groups = num_attention_heads // per_group
-        if groups is not None:
-            if groups > r.groups:
-                raise ValueError(f"num_key_value_heads={groups}: block {r.name} has {r.groups}")
-            _fix_top(block, r.heads_key, groups, "num_key_value_heads")
-        if intermediate_size is not None:
-            units = getattr(block, "l0_units", None)
-            if units is not None and intermediate_size > units.gate.num_gates:
-                raise ValueError(f"intermediate_size={intermediate_size}: block {r.name} has {units.gate.num_gates}")
-            _fix_top(block, "l0_units", intermediate_size, "intermediate_size")
-        for key in (r.branch_key, "l0_mlp"):
-            holder = getattr(block, key, None)
-            if holder is not None:
-                holder.gate.log_alpha.fill_(FIXED_LOG_ALPHA)
+    choices = TargetArchitecture(**sizes).choices(model)
+    for choice in choices:
+        if choice.k is None and choice.kind in ("heads", "units"):
+            continue  # a size not named: its gates as they are
+        scores = [h.gate.log_alpha.detach() for h in choice.holders]
+        for holder, keep in zip(choice.holders, choice.masks(scores), strict=True):
+            fixed = torch.full_like(holder.gate.log_alpha, -FIXED_LOG_ALPHA)
+            holder.gate.log_alpha.copy_(fixed.masked_fill_(keep, FIXED_LOG_ALPHA))
     return model
-
-
-def _fix_top(block, key, k, what):
-    holder = getattr(block, key, None)
-    if holder is None:
-        raise ValueError(f"{what}: the blocks have no {key} gates (gated with heads=False or units=False)")
-    log_alpha = holder.gate.log_alpha
-    top = torch.topk(log_alpha.detach(), k).indices
-    fixed = torch.full_like(log_alpha, -FIXED_LOG_ALPHA)
-    fixed[top] = FIXED_LOG_ALPHA
-    log_alpha.copy_(fixed)

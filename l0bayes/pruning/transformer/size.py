@@ -124,11 +124,16 @@ class TransformerSize:
         calls, tokens = _linear_calls(net, net._l0_example_inputs)
         self.calls = calls  # (not None: FLOPs per token need no input shape)
         per_token = {k: v / tokens for k, v in calls.items()}
-        self.branches = []  # [(branch gate or None, _BranchCount)]
-        self._branch_of = {}  # id(gated layer) -> index into branches
+        self.branches = []  # [(branch gate or None, _BranchCount, block gate or None)]
+        # [(block gate or None, [branch gates or None], parameters removed with the block, [branch indices])]: the
+        # blocks prune() removes when all their branches close (their normalisation layers go with them)
+        self.blocks = []
+        self._branch_of = {}  # id(gated layer) -> index into branches, or ("block", index into blocks)
         inside = set()
+        gate_params = {id(g.log_alpha) for g in self.gates}
         for r in net._l0_transformer:
             block = net.get_submodule(r.name)
+            first = len(self.branches)
             for att in _attentions(r):
                 modules = _attention_modules(net, att)
                 self._inside(inside, modules)
@@ -137,12 +142,22 @@ class TransformerSize:
             modules = _mlp_modules(net, r)
             self._inside(inside, modules)
             self._add(block, "l0_mlp", "l0_units", self._mlp_count(net, r, block, modules, per_token))
-        gate_params = {id(g.log_alpha) for g in self.gates}
+            if r.removable:
+                own = [p for p in block.parameters() if id(p) not in inside and id(p) not in gate_params]
+                inside.update(id(p) for p in own)
+                keys = [att.branch_key for att in _attentions(r)] + ["l0_mlp"]
+                branch_gates = [getattr(block, key, None) for key in keys]
+                holder = getattr(block, "l0_block", None)
+                if holder is not None:
+                    self._branch_of[id(holder)] = ("block", len(self.blocks))
+                indices = list(range(first, len(self.branches)))
+                self.blocks.append((holder, branch_gates, sum(p.numel() for p in own), indices))
         self.const = sum(p.numel() for p in net.parameters() if id(p) not in inside and id(p) not in gate_params)
         # the rest: every linear layer outside the branches (an output head, ungated blocks, ...)
-        self.const_flops = _flops(net, calls) / tokens - sum(c.dense_flops for _, c in self.branches)
-        self.dense_parameters = self.const + sum(c.dense for _, c in self.branches)
-        self.dense_flops = self.const_flops + sum(c.dense_flops for _, c in self.branches)
+        self.const_flops = _flops(net, calls) / tokens - sum(c.dense_flops for _, c, _ in self.branches)
+        removable = sum(b[2] for b in self.blocks)
+        self.dense_parameters = self.const + removable + sum(c.dense for _, c, _ in self.branches)
+        self.dense_flops = self.const_flops + sum(c.dense_flops for _, c, _ in self.branches)
         assert self.dense_parameters == count_parameters(net), "the branches do not cover the model's parameters"
 
     @staticmethod
@@ -153,7 +168,7 @@ class TransformerSize:
 
     def _add(self, block, branch_key, inner_key, count):
         index = len(self.branches)
-        self.branches.append((getattr(block, branch_key, None), count))
+        self.branches.append((getattr(block, branch_key, None), count, getattr(block, "l0_block", None)))
         for key in (branch_key, inner_key):
             holder = getattr(block, key, None)
             if holder is not None:
@@ -213,15 +228,47 @@ class TransformerSize:
         return values
 
     def _branch(self, index, values, exact, flops, like):
-        gate, count = self.branches[index]
+        gate, count, block_gate = self.branches[index]
         value = count.count(values, exact, flops, like)
-        return value if gate is None else value * values[id(gate)].to(like).sum()
+        for g in (gate, block_gate):
+            if g is not None:
+                value = value * values[id(g)].to(like).sum()
+        return value
+
+    def _block_rest(self, index, values, flops, like):
+        r"""A removable block's own parameters (its norms): kept unless the block gate or every branch closes,
+        :math:`c_n\, z_b \big(1 - \prod_i (1 - z_i)\big)` (a branch without a gate counts as open). Independent gates
+        under :math:`q`: the same formula in expectation. No FLOPs (normalisation is not counted)."""
+        holder, branch_gates, own, _ = self.blocks[index]
+        if flops or own == 0:
+            return like
+        all_closed = like + 1.0
+        for g in branch_gates:
+            all_closed = all_closed * (0.0 if g is None else 1.0 - values[id(g)].to(like).sum())
+        kept = 1.0 - all_closed
+        if holder is not None:
+            kept = kept * values[id(holder)].to(like).sum()
+        return own * kept
+
+    def _block(self, index, values, exact, flops, like):
+        """All that block ``index`` of :attr:`blocks` keeps: its branches and its own parameters."""
+        total = self._block_rest(index, values, flops, like)
+        for i in self.blocks[index][3]:
+            total = total + self._branch(i, values, exact, flops, like)
+        return total
+
+    def _dense_block(self, index, flops):
+        _, _, own, indices = self.blocks[index]
+        branches = [self.branches[i][1] for i in indices]
+        return sum(c.dense_flops for c in branches) if flops else own + sum(c.dense for c in branches)
 
     def _count(self, values, exact, flops):
         like = next(iter(values.values())).new_zeros(())
         total = like + (self.const_flops if flops else self.const)
         for i in range(len(self.branches)):
             total = total + self._branch(i, values, exact, flops, like)
+        for i in range(len(self.blocks)):
+            total = total + self._block_rest(i, values, flops, like)
         return total
 
     def _measure(self, what, kind, per_layer, fraction, values=None):
@@ -241,9 +288,13 @@ class TransformerSize:
         out = []
         for layer in self.gated:
             i = self._branch_of[id(layer)]
-            value = self._branch(i, values, exact, flops, like)
-            if fraction:
+            if isinstance(i, tuple):  # a block gate: the whole block
+                value = self._block(i[1], values, exact, flops, like)
+                dense = self._dense_block(i[1], flops)
+            else:
+                value = self._branch(i, values, exact, flops, like)
                 dense = self.branches[i][1].dense_flops if flops else self.branches[i][1].dense
+            if fraction:
                 value = value / dense
             out.append(value)
         if exact:
