@@ -285,8 +285,15 @@ def test_sampler_that_has_not_mixed_says_so(hard_design):
     run.rhat, run.ess = np.ones_like(run.rhat), np.full_like(run.ess, 1e4)
     run.rhat[relevant[0]] = 1.25
     assert "1 probability with R-hat above 1.01 (worst 1.250)" in res.diagnostic and "ESS" not in res.diagnostic
+    # and it says what would mix them: R-hat^2 - 1 falls as 1/steps
+    steps = math.ceil(run.num_steps * (1.25**2 - 1) / (1.01**2 - 1))
+    assert (
+        f"at least about {steps:,} steps per chain would mix them" in res.diagnostic
+        and "method='mcmc'" in res.diagnostic
+    )
     run.rhat[relevant[0]], run.ess[relevant] = 1.0, [40.0, 7.0]
     assert "2 probabilities with ESS below 100 (lowest 7)" in res.diagnostic and "R-hat above" not in res.diagnostic
+    assert f"about {math.ceil(run.num_steps * 100 / 7):,} steps per chain" in res.diagnostic  # 1/ESS falls as 1/steps
 
 
 def test_method_mcmc_matches_enumeration_on_diabetes(diabetes):
@@ -327,6 +334,24 @@ def test_bernoulli_family_recovers_strong_effects():
         twice = l0bayes.select_variables(x, y, family="bernoulli", max_steps=200, seed=3, method="variational")
     np.testing.assert_array_equal(again.variational_probabilities, twice.variational_probabilities)  # seeded
     assert torch.equal(state, torch.get_rng_state())  # and the caller's generator untouched
+
+
+def test_bernoulli_family_has_credible_sets():
+    """A near-duplicate pair carries one signal: the logistic result has its credible set, as the Gaussian one does."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((200, 6))
+    x[:, 1] = x[:, 0] + 0.05 * rng.standard_normal(200)  # correlation about 0.998
+    y = (rng.random(200) < 1 / (1 + np.exp(-(1.5 * x[:, 0] - 1.2 * x[:, 4])))).astype(float)
+    for prior_inclusion in (None, 0.3):  # the sets do not depend on whether the prior is estimated
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = l0bayes.select_variables(
+                x, y, family="bernoulli", prior_inclusion=prior_inclusion, method="variational", max_steps=100
+            )
+        assert sorted(sorted(s.tolist()) for s in res.credible_sets) == [[0, 1], [4]]
+        table = res.summary()
+        assert table.loc[0, "credible_set"] == table.loc[1, "credible_set"] != table.loc[4, "credible_set"] >= 0
+        assert (table.loc[[2, 3, 5], "credible_set"] == -1).all()
 
 
 def test_bernoulli_sampler_through_select_variables_matches_quadrature():

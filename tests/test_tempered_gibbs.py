@@ -19,7 +19,7 @@ from scipy.stats import ks_2samp
 
 from l0bayes.analysis import exact_inclusion_probabilities
 from l0bayes.distributions.polya_gamma import polya_gamma_mean, sample_polya_gamma
-from l0bayes.inference.tempered_gibbs import tempered_gibbs
+from l0bayes.inference.tempered_gibbs import TemperedGibbsResult, tempered_gibbs
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -360,6 +360,31 @@ def test_bernoulli_sampler_matches_quadrature_long(polya_gamma):
         generator=torch.Generator().manual_seed(5),
     )
     within_mcse(run.inclusion, run.mcse, exact, k=4.0, floor=0.005)
+
+
+def test_steps_to_mix_scales_the_steps_by_the_failing_criteria():
+    """R-hat^2 - 1 and 1/ESS fall as 1/steps: the steps that would mix are the run's, scaled by the worst ratio."""
+
+    def run(rhat, ess):
+        return TemperedGibbsResult(
+            inclusion=np.array([0.5, 0.3, 0.2, 0.001]),
+            mcse=np.zeros(4),
+            ess=np.array(ess, dtype=float),
+            rhat=np.array(rhat, dtype=float),
+            coef_mean=np.zeros(4),
+            chain_inclusion=np.zeros((4, 4)),
+            states=[],
+            state_log_weights=np.zeros((4, 0)),
+            num_steps=1000,
+        )
+
+    # feature 1 fails ESS (twice too few), feature 2 R-hat; feature 3 is below 0.01 and does not count
+    assert run([1.0, 1.005, 1.05, math.nan], [400, 50, 1e4, 1]).steps_to_mix() == math.ceil(
+        1000 * (1.05**2 - 1) / (1.01**2 - 1)
+    )
+    assert run([1.0, 1.005, 1.0, math.nan], [400, 50, 1e4, 1]).steps_to_mix() == 2000
+    assert run([1.0, 1.005, 1.0, 3.0], [400, 100, 1e4, 1]).steps_to_mix() == 1000  # mixed: its own steps
+    assert run([1.0, math.nan, 1.0, 1.0], [400, 50, 1e4, 1]).steps_to_mix() is None  # a failing R-hat not computed
 
 
 def test_sampler_stops_when_mixed_and_on_time():

@@ -167,6 +167,28 @@ class TemperedGibbsResult:
         """``True`` when every probability of at least :data:`RELEVANT` has R-hat <= 1.01 and ESS >= 100."""
         return not bool(self.unmixed().any())
 
+    def steps_to_mix(self, rhat_max=RHAT_MAX, ess_min=ESS_MIN, relevant=RELEVANT):
+        r"""About how many steps per chain after warm-up would mix the probabilities that fail now.
+
+        A chain's mean averages an effective number of draws that grows in proportion to its steps, and
+        :math:`\hat R^2 - 1` is about the inverse of that number (the between-chain variance of the means over the
+        within-chain variance), so :math:`\hat R^2 - 1` and :math:`1/\mathrm{ESS}` both fall as :math:`1/T`. The
+        estimate scales :attr:`num_steps` by the larger of :math:`(\hat R^2 - 1) / (\hat R_{\max}^2 - 1)` and
+        :math:`\mathrm{ESS}_{\min} / \mathrm{ESS}` over the failing probabilities. An extrapolation, not a promise:
+        a chain that has not yet found a mode reads as mixing faster than it does.
+
+        :returns: :attr:`num_steps` when every probability has mixed; ``None`` when a failing R-hat or ESS could not
+            be computed (``nan``: too few draws) or no step was taken.
+        """
+        bad = self.unmixed(rhat_max, ess_min, relevant)
+        if not bad.any():
+            return self.num_steps
+        rhat, ess = self.rhat[bad], self.ess[bad]
+        if self.num_steps < 1 or not (np.isfinite(rhat).all() and np.isfinite(ess).all() and (ess > 0).all()):
+            return None
+        factor = max(float(np.max((rhat**2 - 1.0) / (rhat_max**2 - 1.0))), float(np.max(ess_min / ess)), 1.0)
+        return math.ceil(self.num_steps * factor)
+
 
 class _Blocks:
     """Block sums of one quantity per chain; when ``MAX_BLOCKS`` are full, neighbours merge (bounded memory)."""

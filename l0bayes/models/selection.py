@@ -38,7 +38,8 @@ Bernoulli family: the mean-field hard concrete model
 (:class:`~l0bayes.models.SparseLogisticRegression`, Gaussian slab) fitted full batch until the
 free energy stabilises; its draws :math:`(z, \tilde\theta)` are reweighted to the exact joint
 density (the mixed log-density of the gates, Eq. 26, and the slab), with the same
-:math:`\hat k` diagnostic; where it fails, the sampler runs on the Pólya-Gamma augmented model.
+:math:`\hat k` diagnostic; where it fails, the sampler runs on the Pólya-Gamma augmented model. The credible
+sets are those of a sum of single effects fitted to the centred labels.
 """
 
 import math
@@ -61,6 +62,7 @@ METHODS = ("auto", "variational", "mcmc")
 CAP = 0.9  # no probability above this without a passed check or a mixed chain
 TIME_BUDGET = 15.0  # default seconds for the sampler (an upper bound; its steps usually end it first)
 MCMC_STEPS = 1250  # method="auto": steps per chain after warm-up; 4 chains give 5,000 weighted draws (millipede's T)
+MCMC_WARMUP = 500  # warm-up steps per chain of the sampler's runs (but the short test of a passed check)
 MAX_MCMC_STEPS = 100_000  # method="mcmc": until mixed or the time budget, at most this many
 AGREE = 0.2  # a passed check is confirmed when no probability differs from the sampler's by more than this
 VERIFY_WARMUP, VERIFY_STEPS = 50, 150  # the test of a passed check: a short run per chain (a full one if it fails)
@@ -108,8 +110,10 @@ class SelectionResult:
     :ivar inclusion_probabilities: ``(p,)`` numpy, :math:`P(\gamma_j = 1 \mid y)`.
     :ivar coefficients: ``(p,)`` numpy, posterior mean coefficients in the units of the
         original ``X`` and ``y``.
-    :ivar credible_sets: list of arrays of feature indices, each a 95% set that holds one effect
-        (Gaussian family; minimum absolute correlation within a set at least 0.5).
+    :ivar credible_sets: list of arrays of feature indices, each a 95% set that holds one effect (minimum absolute
+        correlation within a set at least 0.5): those of the sum of single effects fitted to ``y`` (Gaussian
+        family) or to the centred labels (bernoulli: a linear probability model, which groups the features that
+        carry one signal).
     :ivar khat: Pareto :math:`\hat k` of the importance check (passed at :math:`\hat k \le 0.7`).
         Negative values are the best case: the importance weights have a bounded tail, lighter than
         exponential. Below 0.5 their variance is finite; from 0.5 to 0.7 it is infinite but the
@@ -200,7 +204,7 @@ class SelectionResult:
                 )
             return head + (
                 f": NOT mixed, {_unmixed_words(run)}; {self.capped.size} above {CAP} capped at {CAP}; "
-                "raise mcmc_steps (and time_budget)."
+                f"{_mixing_advice(run)}."
             )
         line = UNRELIABLE.format(khat=self.khat, meaning=meaning)
         if self.capped.size:
@@ -369,6 +373,20 @@ def _unmixed_words(run):
         value = f"lowest {worst.min():.0f}" if worst.size else "not computed"
         parts.append(f"{_count(low_ess.sum())} with ESS below {ESS_MIN} ({value})")
     return " and ".join(parts)
+
+
+def _mixing_advice(run):
+    """What would mix an unmixed run: the steps per chain of :meth:`TemperedGibbsResult.steps_to_mix` (a lower
+    estimate: a slow mode can need several times more) and the time they take at the run's own pace."""
+    steps = run.steps_to_mix()
+    if steps is None:
+        return "raise mcmc_steps (and time_budget)"
+    pace = run.seconds / max(run.num_steps + run.num_warmup, 1)
+    seconds = (steps + MCMC_WARMUP) * pace
+    return (
+        f"at least about {steps:,} steps per chain would mix them (R-hat^2 - 1 falls as 1/steps), {seconds:.0f} s "
+        "at this run's pace: method='mcmc' with a larger time_budget samples until they have mixed"
+    )
 
 
 def _count(k):
@@ -647,16 +665,23 @@ def _logistic_check(model, xs, y, slab_scale, num_draws, generator):
         return khat, inclusion.cpu().numpy(), (w @ (theta * z)).cpu().numpy(), draws, smoothed
 
 
-def _screening_inclusion(xs, y, opts):
-    r"""Empirical-Bayes :math:`\pi_0` for the logistic model: the expected number of effects of a sum of
-    single effects fitted to the centred labels (a linear probability model) over :math:`p`, at most 1/2."""
+def _screening(xs, y, opts):
+    r"""A sum of single effects fitted to the centred labels (a linear probability model): its credible sets, and
+    the empirical-Bayes :math:`\pi_0` of the logistic model, its expected number of effects over :math:`p` (at most
+    1/2).
+
+    The sets group the features that carry one signal, as the Gaussian family's do: a group of correlated features
+    explains the labels' linear part as it explains their logits.
+    """
     p = xs.shape[1]
     fit = fit_single_effects(xs, y - y.mean(), num_effects=opts["num_effects"], tol=1e-3, max_iter=opts["max_iter"])
-    return min(max(float(fit.inclusion_probabilities().sum()), 1.0) / p, 0.5)
+    sets, _ = credible_sets(xs, fit.alpha, fit.active)
+    return min(max(float(fit.inclusion_probabilities().sum()), 1.0) / p, 0.5), sets
 
 
 def _select_bernoulli(xs, y, prior_inclusion, slab_scale, opts):
-    prior_inclusion = _screening_inclusion(xs, y, opts) if prior_inclusion is None else prior_inclusion
+    screened, sets = _screening(xs, y, opts)
+    prior_inclusion = screened if prior_inclusion is None else prior_inclusion
     slab_scale = 1.0 if slab_scale is None else slab_scale
     model, history = _logistic_fit(xs, y, prior_inclusion, slab_scale, opts)
     khat, inclusion, coef, draws, logw = _logistic_check(model, xs, y, slab_scale, opts["num_draws"], opts["generator"])
@@ -668,7 +693,7 @@ def _select_bernoulli(xs, y, prior_inclusion, slab_scale, opts):
         **out,
         "start": torch.as_tensor(variational, dtype=xs.dtype, device=xs.device),
         "variational": variational,
-        "sets": [],
+        "sets": sets,
         "khat": khat,
         "draws": draws.cpu().numpy(),
         "log_weights": logw,
@@ -678,7 +703,7 @@ def _select_bernoulli(xs, y, prior_inclusion, slab_scale, opts):
 
 
 # ------------------------------------------------------------------ exact sampler
-def _refine(fit, xs, y, family, opts, time_budget, noise_given, warmup=500, diagnose=True):
+def _refine(fit, xs, y, family, opts, time_budget, noise_given, warmup=MCMC_WARMUP, diagnose=True):
     r"""Weighted tempered Gibbs sampling of the exact posterior of the fit's target model, started from the fit.
 
     Gaussian family without a given ``noise_scale``: :math:`\sigma` is sampled too (Jeffreys prior,
@@ -949,7 +974,9 @@ def _select(X, y, family, hyper, feature_names, run, options):
     prior_inclusion, slab_scale, noise_scale = _internal_scales(hyper, family, k, y_sd)
     names = list(feature_names) if feature_names is not None else list(range(x.shape[1]))
     if len(names) != x.shape[1]:
-        raise ValueError(f"select_variables: feature_names holds {len(names)} feature names for the {x.shape[1]} columns of X")
+        raise ValueError(
+            f"select_variables: feature_names holds {len(names)} feature names for the {x.shape[1]} columns of X"
+        )
     generator = torch.Generator(device=device).manual_seed(seed)
     opts = {
         "num_effects": 10,
