@@ -23,6 +23,7 @@ from l0bayes.pruning import (
     prune,
     sparsify_transformer,
 )
+from l0bayes.pruning.transformer.target import KEYS
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -165,6 +166,112 @@ def test_fixed_architecture_is_reached_exactly_and_uniformly(examples):
         with torch.no_grad():
             a, b = _out(gated, _ids(2, 5)), _out(pruned, _ids(2, 5))
         assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+
+    prop()
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_block_gates_prune_exactly_for_every_family(examples):
+    """depth=True: a gate per block; random patterns of every gate. The blocks whose block gate or every branch
+    closes are removed (BERT's post-norm layers cannot be: a ValueError naming depth=True); the pruned model equals
+    the gated one, and its parameter count is the exact count, norms of the removed blocks left out."""
+
+    @_profile(examples)
+    @given(
+        family=st.sampled_from(FAMILIES),
+        layers=st.integers(1, 3),
+        seed=st.integers(0, 2**16),
+        p_closed=st.sampled_from([0.0, 0.3, 0.6]),
+    )
+    def prop(family, layers, seed, p_closed):
+        model = _model(family, 4, 2, 4, layers, 8, seed)
+        if family == "bert":
+            with pytest.raises(ValueError, match="depth=True: block 'encoder.layer.0' cannot be removed"):
+                sparsify_transformer(model, example_inputs=_ids(), depth=True)
+            return
+        gated = sparsify_transformer(model, example_inputs=_ids(), depth=True)
+        _set_gates(gated, seed, p_closed)
+        alive = 0
+        for r in gated._l0_transformer:
+            block = gated.get_submodule(r.name)
+            branches = [bool(block.get_submodule(k).gate.active()) for k in ("l0_attention", "l0_mlp")]
+            alive += bool(block.l0_block.gate.active()) and any(branches)
+        pruned = _assert_pruned_equals_gated(gated, _ids(3, seed=seed % 89))
+        assert sum(p.numel() for p in pruned.parameters()) == network_size(gated).parameters("test")
+        layer_list = [m for n, m in pruned.named_modules() if n.endswith(("layers", ".h"))]
+        assert len(layer_list[0]) == alive
+
+    prop()
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_fixed_architecture_with_fewer_blocks_round_trips(examples):
+    """fix_architecture with num_hidden_layers: the kept blocks are the best-ranked block gates, the config says so,
+    and a model built from the config and loaded with the pruned state dict gives the same logits."""
+
+    @_profile(examples)
+    @given(
+        family=st.sampled_from(("llama", "qwen2", "mistral")),
+        keep_layers=st.integers(1, 3),
+        keep_groups=st.integers(1, 2),
+        units=st.integers(1, 12),
+        seed=st.integers(0, 2**16),
+    )
+    def prop(family, keep_layers, keep_groups, units, seed):
+        gated = sparsify_transformer(_model(family, 4, 2, 4, 3, 12, seed), example_inputs=_ids(), depth=True)
+        _set_gates(gated, seed, 0.5)
+        ranks = torch.stack([layer.l0_block.gate.log_alpha.detach()[0] for layer in gated.model.layers])
+        top = sorted(torch.topk(ranks, keep_layers).indices.tolist())
+        norms = [gated.model.layers[i].input_layernorm.weight.detach().clone() for i in top]
+        fix_architecture(gated, num_key_value_heads=keep_groups, intermediate_size=units, num_hidden_layers=keep_layers)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # uniform: the config is updated, no warning
+            pruned = prune(gated.eval())
+        config = pruned.config
+        assert (config.num_hidden_layers, config.num_key_value_heads, config.intermediate_size) == (
+            keep_layers, keep_groups, units,
+        )  # fmt: skip
+        assert all(torch.equal(a.input_layernorm.weight, b) for a, b in zip(pruned.model.layers, norms, strict=True))
+        fresh = type(pruned)(config).eval()
+        fresh.load_state_dict(pruned.state_dict())
+        with torch.no_grad():
+            a, b = _out(gated, _ids(2, 5)), _out(fresh, _ids(2, 5))
+        assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+
+    prop()
+
+
+ODD_TARGETS = st.one_of(
+    st.sampled_from(KEYS).flatmap(
+        lambda k: st.one_of(st.integers(-2, 0), st.floats(0.5, 3.0), st.just("2"), st.just(True)).map(lambda v: {k: v})
+    ),
+    st.just({}),
+    st.just({"hidden_size": 8}),
+    st.just({"num_heads": 2}),
+    st.just([("intermediate_size", 4)]),
+    st.just(4),
+    st.just({"num_key_value_heads": 3}),
+    st.just({"num_attention_heads": 3}),
+    st.just({"num_attention_heads": 2, "num_key_value_heads": 2}),
+    st.just({"intermediate_size": 13}),
+    st.just({"num_hidden_layers": 3}),
+)
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_odd_target_architectures_are_clear_errors(examples):
+    """Every odd target_architecture (a wrong kind, a size the blocks do not have, layers without block gates) is a
+    TypeError or ValueError that names target_architecture, before any training step."""
+    from l0bayes.inference.objectives import ConstrainedObjective
+    from l0bayes.models import SparseModel
+
+    model = SparseModel(sparsify_transformer(_model("llama"), example_inputs=_ids()), lambda out, y: out.logits.sum())
+
+    @_profile(examples)
+    @given(target=ODD_TARGETS)
+    def prop(target):
+        with pytest.raises((TypeError, ValueError), match="target_architecture"):
+            ConstrainedObjective(model, 8, target_architecture=target)
 
     prop()
 

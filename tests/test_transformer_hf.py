@@ -402,3 +402,121 @@ def test_a_config_that_cannot_describe_the_pruned_model_is_kept_with_a_warning()
     assert pruned.config.n_head == 4 and pruned.config.n_inner == 20
     with pytest.raises(ValueError, match="num_attention_heads=3: block model.layers.0 has 4 query heads in groups"):
         fix_architecture(sparsify_transformer(_family("llama"), example_inputs=_ids()), num_attention_heads=3)
+
+
+# ------------------------------------------------------------------------ whole blocks, target architectures
+
+
+def _three_layer(family, seed=0):
+    torch.manual_seed(seed)
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[family]
+    model = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM}[family]
+    return model(_llama_config(cls, num_hidden_layers=3, max_position_embeddings=16)).eval()
+
+
+def _pruned_with_block_removed(family, removed=1):
+    """A 3-block model with block gates, random open gates and block ``removed`` closed, fixed to 1 key-value head
+    and 20 units per block."""
+    from l0bayes.pruning import fix_architecture
+
+    gated = sparsify_transformer(_three_layer(family), example_inputs=_ids(), depth=True)
+    _random_gates(gated, 2, p_closed=0.0)
+    fix_architecture(gated, num_key_value_heads=1, intermediate_size=20)
+    with torch.no_grad():
+        gated.model.layers[removed].l0_block.gate.log_alpha.fill_(-50.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a uniform result: no warning
+        return gated, prune(gated.eval())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_removed_block_leaves_a_model_of_the_same_class(tmp_path, family):
+    """One of three blocks removed: pruned equals gated; the exact count is the pruned model's sum of numel; the
+    config says 2 layers (Qwen2's layer_types too) and the attentions' layer_idx are 0, 1, so that from_pretrained
+    rebuilds it with the same logits and generate() with the KV cache gives the gated model's greedy tokens."""
+    gated, pruned = _pruned_with_block_removed(family)
+    assert type(pruned) is type(_three_layer(family)) and len(pruned.model.layers) == 2
+    assert pruned.config.num_hidden_layers == 2 and pruned.config.num_key_value_heads == 1
+    if family == "qwen2":
+        assert pruned.config.layer_types == ["full_attention"] * 2
+    assert [layer.self_attn.layer_idx for layer in pruned.model.layers] == [0, 1]
+    assert network_size(gated).parameters("test") == sum(p.numel() for p in pruned.parameters())
+    ids = _ids(2, seed=3)
+    with torch.no_grad():
+        logits = gated(ids).logits
+        assert float((pruned(ids).logits - logits).abs().max()) <= 1e-5 * float(logits.abs().max())
+    pruned.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    loaded.generation_config.eos_token_id = None
+    with torch.no_grad():
+        assert float((loaded(ids).logits - logits).abs().max()) <= 1e-5 * float(logits.abs().max())
+        tokens = loaded.generate(ids[:1, :4], max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0)
+    assert torch.equal(tokens, _greedy(gated, ids[:1, :4], 4))
+
+
+@pytest.mark.slow
+def test_a_removed_block_round_trips_through_a_process_without_l0bayes(tmp_path):
+    import subprocess
+    import sys
+
+    gated, pruned = _pruned_with_block_removed("llama", removed=0)
+    ids = _ids(2, seed=3)
+    torch.save(ids, tmp_path / "ids.pt")
+    folder = str(tmp_path / "llama")
+    pruned.save_pretrained(folder)
+    run = subprocess.run([sys.executable, "-c", _LOAD, str(tmp_path), folder], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    with torch.no_grad():
+        logits = gated(ids).logits
+    assert float((out[folder + "/logits"] - logits).abs().max()) <= 1e-5 * float(logits.abs().max())
+    assert torch.equal(out[folder + "/greedy"], _greedy(gated, ids[:1, :4], 4))
+
+
+def _next_token_loss(out, target):
+    return F.cross_entropy(out.logits[:, :-1].flatten(0, 1), target[:, 1:].flatten())
+
+
+def test_train_reaches_a_target_architecture_exactly(tmp_path):
+    """train(objective="constrained", target_architecture=...) on a 3-block Llama: the pruned model is a plain
+    LlamaForCausalLM with exactly the target's sizes in every block and its config (no gates, no hooks), equal to
+    the gated model, and from_pretrained rebuilds it with the same logits."""
+    gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids(), depth=True)
+    ids = _ids(64, seed=5)
+    target = {"num_key_value_heads": 1, "intermediate_size": 20, "num_hidden_layers": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # three epochs: the Lagrangian has not arrived when the gates are fixed
+        result = train(SparseModel(gated, _next_token_loss), ids, ids, objective="constrained",
+                       target_architecture=target, epochs=3, batch_size=32, lr=0.02, progress=False, device="cpu")  # fmt: skip
+    record = result.history[-1]
+    assert record["target_architecture"] == target and record["gates_fixed"]
+    assert len(record["constraint"]) == 3 + 3 + 1  # heads and units of each block, and the blocks
+    pruned = prune(gated.eval())
+    assert type(pruned) is transformers.LlamaForCausalLM and len(pruned.model.layers) == 2
+    config = pruned.config
+    assert (config.num_hidden_layers, config.num_key_value_heads, config.num_attention_heads) == (2, 1, 2)
+    assert config.intermediate_size == 20
+    for layer in pruned.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        assert (attn.q_proj.out_features, attn.k_proj.out_features, mlp.up_proj.out_features) == (16, 8, 20)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in pruned.modules())
+    assert not any("l0_" in name for name, _ in pruned.named_modules())
+    with torch.no_grad():
+        logits = gated(ids[:2]).logits
+        assert float((pruned(ids[:2]).logits - logits).abs().max()) <= 1e-5 * float(logits.abs().max())
+    pruned.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert float((loaded(ids[:2]).logits - logits).abs().max()) <= 1e-5 * float(logits.abs().max())
+
+
+def test_target_architecture_only_with_the_constrained_objective():
+    gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
+    model, ids = SparseModel(gated, _next_token_loss), _ids(8)
+    with pytest.raises(ValueError, match="target_architecture=.*only objective='constrained'"):
+        train(model, ids, ids, objective="penalized", target_architecture={"intermediate_size": 8}, progress=False)
+    with pytest.raises(ValueError, match="needs one of target_density.*target_architecture"):
+        train(model, ids, ids, objective="constrained", target_density=0.5, target_architecture={"intermediate_size": 8},
+              progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="num_hidden_layers=2: the blocks have no block gates.*depth=True"):
+        train(model, ids, ids, objective="constrained", target_architecture={"num_hidden_layers": 2}, progress=False)
