@@ -19,22 +19,74 @@ import torch
 
 from ._atomic import atomic_write
 
-__all__ = ["CheckpointError", "load_checkpoint", "numpy_rng_state", "save_checkpoint", "set_numpy_rng_state"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointTypeError",
+    "load_checkpoint",
+    "numpy_rng_state",
+    "save_checkpoint",
+    "set_numpy_rng_state",
+]
 
 
 class CheckpointError(ValueError):
     """A checkpoint file exists but cannot be used: empty, truncated, corrupt, not ours, or missing entries."""
 
 
+class CheckpointTypeError(CheckpointError, TypeError):
+    """A value of the wrong type: in a state to save (one that could not be saved or loaded back safely), or in
+    a file (an entry of another type than its format has). Both a :class:`CheckpointError` and a ``TypeError``."""
+
+
 def save_checkpoint(path, state):
     """Write ``state`` to ``path`` atomically (unique temporary file in the same directory, then ``os.replace``).
+
+    An existing file at ``path`` is replaced in one step; a failed write leaves it as it was and no
+    temporary file behind.
 
     :param path: destination file; its directory must exist.
     :param dict state: tensors and plain containers only (anything else would not load with
         ``weights_only=True``, so it is refused here, at save time).
+    :raises TypeError: when ``path`` is not a path; a :class:`CheckpointTypeError` when ``state`` holds an
+        object that cannot be saved or would not load back with ``weights_only=True`` (a function, a NumPy
+        value, an object of your own class).
+    :raises FileNotFoundError: when the directory of ``path`` does not exist.
+    :raises IsADirectoryError: when ``path`` is a directory.
     """
-    # load_checkpoint on the temporary file refuses, at save time, what a safe load could not read back.
-    atomic_write(path, lambda f: torch.save(state, f), check=load_checkpoint)
+    path = _output_path(path)
+
+    def write(f):
+        try:
+            torch.save(state, f)
+        except (pickle.PicklingError, TypeError, AttributeError) as err:
+            raise CheckpointTypeError(
+                f"{path!r} was not written: the state holds an object that cannot be saved ({err})"
+            ) from None
+
+    def check(tmp):  # refuses, at save time, what a safe load could not read back
+        try:
+            load_checkpoint(tmp)
+        except CheckpointError as err:
+            reason = str(err).split("loading is allowed): ", 1)[-1].replace(repr(tmp), "the file")
+            raise CheckpointTypeError(
+                f"{path!r} was not written: the state would not load back safely: {reason}"
+            ) from None
+
+    atomic_write(path, write, check=check)
+
+
+def _output_path(path):
+    """``path`` as a ``str`` or ``bytes``, checked: not a directory, in a directory that exists."""
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path must be a str or an os.PathLike, got {type(path).__name__}") from None
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"path {path!r} is a directory; give the name of a file in it")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"the directory of path {path!r} does not exist")
+    return path
 
 
 def load_checkpoint(path, map_location="cpu", required=()):
@@ -60,7 +112,7 @@ def load_checkpoint(path, map_location="cpu", required=()):
     except pickle.UnpicklingError as err:
         raise CheckpointError(
             f"checkpoint {path!r} holds objects other than tensors and plain containers and was not loaded "
-            f"(only weights_only=True loading is allowed): {_first_line(err)}"
+            f"(only weights_only=True loading is allowed): {_unpickler_reason(err)}"
         ) from None
     except Exception as err:  # noqa: BLE001 - any failure to parse a file is a corrupt file (KeyError, IndexError, ...)
         raise CheckpointError(
@@ -72,6 +124,14 @@ def load_checkpoint(path, map_location="cpu", required=()):
     if missing:
         raise CheckpointError(f"checkpoint {path!r} lacks {', '.join(map(repr, missing))}: not an l0bayes checkpoint")
     return state
+
+
+def _unpickler_reason(err):
+    """What the restricted unpickler refused (its own line of torch's long message), or the message's first line."""
+    for line in str(err).splitlines():
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].split(" Please use", 1)[0].strip()
+    return _first_line(err)
 
 
 def _first_line(err, prefix=""):

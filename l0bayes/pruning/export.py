@@ -31,12 +31,16 @@ editable module of your class.
 """
 
 import copy
+import math
+import os
 import re
+import warnings
+from collections import OrderedDict
 
 import torch
 from torch import nn
 
-from ..io import CheckpointError, load_checkpoint, save_checkpoint
+from ..io import CheckpointError, CheckpointTypeError, load_checkpoint, save_checkpoint
 from .select import SelectFeatures
 
 __all__ = [
@@ -156,51 +160,366 @@ def describe_modules(module):
     return out
 
 
-def _build_layer(spec, k):
-    """``(name, layer)`` from one ``{"name", "type", "args"}`` of :data:`LAYER_TYPES` (``k``: its position)."""
-    try:
-        name, kind, args = spec["name"], spec["type"], dict(spec["args"])
-    except (TypeError, KeyError) as err:
-        raise ValueError(f"layer {k} of the description is malformed: {spec!r}") from err
+#: The largest value of an integer argument that no tensor of the file sizes (a stride, a dilation, a pooling
+#: window, the width that ``SelectFeatures`` selects from): what torch's kernels take as a 32-bit int.
+INT_LIMIT = 2**31 - 1
+#: The dimensions that ``Flatten`` and ``SelectFeatures`` may name.
+_DIMS = (-64, 63)
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+_FLOAT_KEYS = ("weight", "bias", "running_mean", "running_var")
+
+
+def _short(value, limit=60):
+    """``repr(value)``, cut to ``limit`` characters (a crafted file may hold a huge list)."""
+    if isinstance(value, (list, tuple, dict, str, bytes)) and len(value) > limit:
+        return f"a {type(value).__name__} of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _int(where, key, value, low, high=None):
+    if type(value) is not int:
+        raise TypeError(f"{where}: {key} must be an int, got {_short(value)}")
+    if value < low or (high is not None and value > high):
+        bound = f"at least {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{where}: {key} = {_short(value)} must be {bound}")
+    return value
+
+
+def _ints(where, key, value, low, high=None, n=2):
+    """An int or a list (tuple) of ``n`` ints, as a tuple of ``n`` ints."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{where}: {key} must be an int or {n} ints, got {_short(value)}")
+        return tuple(_int(where, f"{key}[{i}]", v, low, high) for i, v in enumerate(value))
+    return (_int(where, key, value, low, high),) * n
+
+
+def _float(where, key, value, low=None, high=None, low_open=False):
+    if type(value) not in (int, float):
+        raise TypeError(f"{where}: {key} must be a number, got {_short(value)}")
+    below = low is not None and (value <= low if low_open else value < low)
+    if not math.isfinite(value) or below or (high is not None and value > high):
+        if high is not None:
+            bound = f" in [{low}, {high}]"
+        else:
+            bound = "" if low is None else f" {'>' if low_open else '>='} {low}"
+        raise ValueError(f"{where}: {key} = {value} must be a finite number{bound}")
+    return value
+
+
+def _bool(where, key, value):
+    if type(value) is not bool:
+        raise TypeError(f"{where}: {key} must be True or False, got {_short(value)}")
+    return value
+
+
+def _choice(where, key, value, choices):
+    if not isinstance(value, str):
+        raise TypeError(f"{where}: {key} must be a str, one of {list(choices)}, got {_short(value)}")
+    if value not in choices:
+        raise ValueError(f"{where}: {key} must be one of {list(choices)}, got {_short(value)}")
+    return value
+
+
+def _match_tensors(where, tensors, expected):
+    """Check ``tensors`` (a layer's, by attribute) against ``expected`` (attribute -> shape); sizes are bounded by
+    the tensors: a size read from the arguments must equal the shape of the tensor it describes."""
+    missing = [key for key in expected if key not in tensors]
+    if missing:
+        raise ValueError(f"{where}: the state dict lacks its {', '.join(missing)}")
+    extra = [key for key in tensors if key not in expected]
+    if extra:
+        raise ValueError(f"{where}: the state dict holds {', '.join(map(repr, extra))}, which it does not have")
+    for key, shape in expected.items():
+        tensor = tensors[key]
+        if tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"the state dict does not fit {where}: its {key} has shape {list(tensor.shape)}, but the arguments "
+                f"ask for {list(shape)} (every size must agree with the file's tensors)"
+            )
+        if key in _FLOAT_KEYS and not tensor.is_floating_point():
+            raise TypeError(f"{where}: its {key} has dtype {tensor.dtype}, not a floating-point dtype")
+        if key not in _FLOAT_KEYS and tensor.dtype != torch.long:
+            raise TypeError(f"{where}: its {key} has dtype {tensor.dtype}, not torch.int64")
+    dtypes = {str(tensors[key].dtype) for key in expected if key in _FLOAT_KEYS}
+    if len(dtypes) > 1:
+        raise TypeError(f"{where}: its tensors have different dtypes ({', '.join(sorted(dtypes))})")
+
+
+def _conv_kwargs(where, args, tensors):
+    in_channels = _int(where, "in_channels", args["in_channels"], 1)
+    out_channels = _int(where, "out_channels", args["out_channels"], 1)
+    kernel = _ints(where, "kernel_size", args["kernel_size"], 1)
+    stride = _ints(where, "stride", args["stride"], 1, INT_LIMIT)
+    dilation = _ints(where, "dilation", args["dilation"], 1, INT_LIMIT)
+    padding = args["padding"]
+    if isinstance(padding, str):
+        _choice(where, "padding", padding, ("same", "valid"))
+    else:
+        padding = _ints(where, "padding", padding, 0)
+        for p, k, d in zip(padding, kernel, dilation, strict=True):
+            if p > d * (k - 1):  # beyond the kernel's reach an output position sees only padding
+                raise ValueError(
+                    f"{where}: padding {list(padding)} must be at most dilation * (kernel_size - 1) = {d * (k - 1)}"
+                )
+    bias = _bool(where, "bias", args["bias"])
+    expected = {"weight": (out_channels, in_channels, *kernel)} | ({"bias": (out_channels,)} if bias else {})
+    _match_tensors(where, tensors, expected)
+    padding_mode = _choice(where, "padding_mode", args["padding_mode"], _PADDING_MODES)
+    return {
+        "in_channels": in_channels,
+        "out_channels": out_channels,
+        "kernel_size": kernel,
+        "stride": stride,
+        "padding": padding,
+        "dilation": dilation,
+        "bias": bias,
+        "padding_mode": padding_mode,
+    }
+
+
+def _pool_kwargs(where, kind, args):
+    kernel = _ints(where, "kernel_size", args["kernel_size"], 1, INT_LIMIT)
+    _ints(where, "stride", args["stride"], 1, INT_LIMIT)
+    _bool(where, "ceil_mode", args["ceil_mode"])
+    if kind == "MaxPool2d":
+        dilation = _ints(where, "dilation", args["dilation"], 1, INT_LIMIT)
+        reach = [(k - 1) * d + 1 for k, d in zip(kernel, dilation, strict=True)]
+    else:
+        _bool(where, "count_include_pad", args["count_include_pad"])
+        reach = list(kernel)
+    padding = _ints(where, "padding", args["padding"], 0, INT_LIMIT)
+    if any(2 * p > r for p, r in zip(padding, reach, strict=True)):
+        raise ValueError(f"{where}: padding {list(padding)} must be at most half the window {reach}")
+    return {key: _given(args[key]) for key in LAYER_TYPES[kind][1]}
+
+
+def _given(value):
+    """An int as it is, a list as a tuple (as the layer was built)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _adaptive_kwargs(where, args, largest):
+    size = args["output_size"]
+    sides = list(size) if isinstance(size, (list, tuple)) else [size]
+    if len(sides) not in (1, 2) or (len(sides) == 1 and sides[0] is None):
+        raise ValueError(f"{where}: output_size must be an int or 2 ints (or None), got {_short(size)}")
+    sides = [None if s is None else _int(where, "output_size", s, 1, INT_LIMIT) for s in sides]
+    given = [s for s in sides if s is not None]
+    area = given[0] ** 2 if len(sides) == 1 else math.prod(given)
+    if area > max(largest, 1):  # the pooled maps hold no more values than the file's largest tensor
+        raise ValueError(
+            f"{where}: output_size {_short(size)} makes maps of {area} values, more than the file's largest "
+            f"tensor ({largest} values)"
+        )
+    return {"output_size": sides[0] if len(sides) == 1 else tuple(sides)}
+
+
+def _layer_kwargs(where, kind, args, tensors, largest):
+    """The constructor arguments of a layer of :data:`LAYER_TYPES`, every value checked, every size against the
+    layer's ``tensors`` (attribute -> tensor of the file): ``ValueError`` / ``TypeError`` naming ``where``."""
+    if kind == "Linear":
+        n_in = _int(where, "in_features", args["in_features"], 0)
+        n_out = _int(where, "out_features", args["out_features"], 0)
+        bias = _bool(where, "bias", args["bias"])
+        _match_tensors(where, tensors, {"weight": (n_out, n_in)} | ({"bias": (n_out,)} if bias else {}))
+        return {"in_features": n_in, "out_features": n_out, "bias": bias}
+    if kind == "Conv2d":
+        return _conv_kwargs(where, args, tensors)
+    if kind == "SelectFeatures":
+        count = _int(where, "index", args["index"], 0)
+        num_inputs = _int(where, "num_inputs", args["num_inputs"], 1, INT_LIMIT)
+        dim = _int(where, "dim", args["dim"], *_DIMS)
+        _match_tensors(where, tensors, {"index": (count,)})
+        index = tensors["index"]
+        if count and (int(index.min()) < 0 or int(index.max()) >= num_inputs):
+            raise ValueError(f"{where}: its index must lie in [0, num_inputs) = [0, {num_inputs})")
+        return {"index": count, "num_inputs": num_inputs, "dim": dim}  # the values come with the state dict
+    if kind.startswith("BatchNorm"):
+        affine = _bool(where, "affine", args["affine"])
+        track = _bool(where, "track_running_stats", args["track_running_stats"])
+        n = _int(where, "num_features", args["num_features"], 1, None if affine or track else INT_LIMIT)
+        momentum = args["momentum"]
+        if momentum is not None:
+            _float(where, "momentum", momentum, 0, 1)
+        expected = ({"weight": (n,), "bias": (n,)} if affine else {}) | (
+            {"running_mean": (n,), "running_var": (n,), "num_batches_tracked": ()} if track else {}
+        )
+        _match_tensors(where, tensors, expected)
+        eps = _float(where, "eps", args["eps"], 0, None, low_open=True)
+        return {"num_features": n, "eps": eps, "momentum": momentum, "affine": affine, "track_running_stats": track}
+    _match_tensors(where, tensors, {})  # the other layers hold no tensors
+    if kind in ("MaxPool2d", "AvgPool2d"):
+        return _pool_kwargs(where, kind, args)
+    if kind.startswith("Adaptive"):
+        return _adaptive_kwargs(where, args, largest)
+    if kind == "Flatten":
+        return {key: _int(where, key, args[key], *_DIMS) for key in ("start_dim", "end_dim")}
+    if kind == "GELU":
+        return {"approximate": _choice(where, "approximate", args["approximate"], ("none", "tanh"))}
+    if kind == "Hardtanh":
+        low = _float(where, "min_val", args["min_val"])
+        high = _float(where, "max_val", args["max_val"])
+        if not low < high:
+            raise ValueError(f"{where}: min_val = {low} must be below max_val = {high}")
+        return {"min_val": low, "max_val": high}
+    if kind == "Softplus":
+        beta = _float(where, "beta", args["beta"], 0, None, low_open=True)
+        return {"beta": beta, "threshold": _float(where, "threshold", args["threshold"])}
+    if kind.startswith("Dropout"):
+        return {"p": _float(where, "p", args["p"], 0, 1)}
+    return {key: _float(where, key, args[key]) for key in LAYER_TYPES[kind][1]}  # LeakyReLU, ELU; the rest: {}
+
+
+def _entry(spec, k, what):
+    """``(name, type, args)`` of entry ``k`` of a description, its structure checked (not yet its values)."""
+    if not isinstance(spec, dict):
+        raise TypeError(
+            f"{what} {k} of the description must be a dict of 'name', 'type' and 'args', got {_short(spec)}"
+        )
+    if set(spec) != {"name", "type", "args"}:
+        keys = sorted(map(repr, spec))
+        raise ValueError(f"{what} {k} of the description has the entries {keys}, expected 'name', 'type' and 'args'")
+    name, kind, args = spec["name"], spec["type"], spec["args"]
+    if not isinstance(name, str):
+        raise TypeError(f"{what} {k} of the description: its name must be a str, got {_short(name)}")
+    if not isinstance(kind, str):
+        raise TypeError(f"{what} {name!r}: its type must be a str, got {_short(kind)}")
+    if not isinstance(args, dict):
+        raise TypeError(f"{what} {name!r} ({kind}): its args must be a dict, got {_short(args)}")
+    return name, kind, args
+
+
+def _layer_args(where, kind, args):
+    """``args`` of a :data:`LAYER_TYPES` entry with the defaults of older files, its keys checked."""
     if kind not in LAYER_TYPES:
-        raise ValueError(f"layer {name!r} has type {kind!r}, not one of the allowed {', '.join(LAYER_TYPES)}")
-    cls, keys = LAYER_TYPES[kind]
+        raise ValueError(f"{where} has type {_short(kind)}, not one of the allowed {', '.join(LAYER_TYPES)}")
+    keys = LAYER_TYPES[kind][1]
     args = {**_OPTIONAL_ARGS.get(kind, {}), **args}
     if set(args) != set(keys):
-        raise ValueError(f"layer {name!r} ({kind}) has arguments {sorted(args)}, expected {sorted(keys)}")
-    if kind == "SelectFeatures":
-        args["index"] = torch.zeros(int(args["index"]), dtype=torch.long)
-    args = {key: tuple(v) if isinstance(v, list) else v for key, v in args.items()}
+        raise ValueError(f"{where} ({kind}) has the arguments {sorted(map(repr, args))}, expected {sorted(keys)}")
+    return args
+
+
+#: A layer's name in an ``nn.Sequential`` of the file, and a child's name in a ``Sequential`` the file describes.
+_CHILD = re.compile(r"[^\W_]\w*")
+_SEQUENTIAL_ATTRIBUTES = frozenset(dir(nn.Sequential()))
+
+
+def _check_child_name(where, name):
+    """A name for a new module: word characters, not starting with ``_``, no attribute of an ``nn.Sequential``."""
+    if not _CHILD.fullmatch(name) or name in _SEQUENTIAL_ATTRIBUTES:
+        raise ValueError(
+            f"{where}: the name {_short(name)} is not allowed: a name is letters, digits and '_', does not start "
+            "with '_' and is no attribute of an nn.Sequential (such as 'training' or 'forward')"
+        )
+
+
+def _max_entries(state_dict):
+    """The most modules a description may hold: each is a Python object (about 2 kB) that no tensor accounts for."""
+    return 256 + 8 * len(state_dict)
+
+
+def _check_count(what, entries, state_dict):
+    if len(entries) > _max_entries(state_dict):
+        raise ValueError(
+            f"{what} holds {len(entries)} entries, more than the {_max_entries(state_dict)} that a file of "
+            f"{len(state_dict)} tensors may describe (256 + 8 per tensor)"
+        )
+
+
+def _tensors_by_owner(state_dict):
+    """``{module name: {attribute: tensor}}`` of a state dict; keys and values checked."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict of tensors, got {type(state_dict).__name__}")
+    out = {}
+    for key, tensor in state_dict.items():
+        if not isinstance(key, str):
+            raise TypeError(f"state_dict: the key {_short(key)} is not a str")
+        if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided or tensor.is_quantized:
+            raise TypeError(f"state_dict[{key!r}] must be a dense tensor, got {_short(tensor)}")
+        if tensor.is_meta:
+            raise ValueError(f"state_dict[{key!r}] is a tensor without data (on the meta device)")
+        owner, _, attribute = key.rpartition(".")
+        out.setdefault(owner, {})[attribute] = tensor
+    return out
+
+
+def _largest(state_dict):
+    return max((t.numel() for t in state_dict.values()), default=0)
+
+
+def _construct(where, kind, kwargs):
+    """The layer, built on the meta device: nothing is allocated before the file's tensors are assigned."""
     try:
-        if kind in ("Linear", "Conv2d"):
-            return name, nn.utils.skip_init(cls, **args)  # the values come from the state dict
-        return name, cls(**args)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ValueError(f"layer {name!r} ({kind}) cannot be built from {spec['args']!r}: {err}") from err
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Initializing zero-element tensors"
+            if kind == "SelectFeatures":
+                kwargs = {**kwargs, "index": torch.empty(kwargs["index"], dtype=torch.long)}
+            return LAYER_TYPES[kind][0](**kwargs)
+    except (TypeError, ValueError, RuntimeError, AssertionError) as err:
+        raise ValueError(f"{where} cannot be built from its arguments: {err}") from err
 
 
 def _load_state(module, state_dict):
+    """Assign the tensors (checked against the layers' shapes); every tensor of ``module`` must come from them."""
     try:
         module.load_state_dict(state_dict, strict=True, assign=True)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"the state dict does not fit the described layers: {str(err).splitlines()[0]}") from err
+    except (RuntimeError, TypeError, ValueError) as err:
+        lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()] or [str(err)]
+        raise ValueError(f"the state dict does not fit the described layers: {'; '.join(lines[:3])}") from err
+    empty = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+    if empty:  # pragma: no cover - strict loading names every missing tensor
+        raise ValueError(f"the state dict lacks {empty[:5]}")
+
+
+def _sequential_layers(layers, state_dict):
+    """``[(name, kind, kwargs)]`` of :func:`describe_pruned`'s list, every entry checked against the tensors."""
+    if not isinstance(layers, list):
+        raise TypeError(f"layers is a {type(layers).__name__}, not a list of {{'name', 'type', 'args'}} dicts")
+    tensors = _tensors_by_owner(state_dict)
+    _check_count("layers", layers, state_dict)
+    largest = _largest(state_dict)
+    out, names = [], set()
+    for k, spec in enumerate(layers):
+        name, kind, args = _entry(spec, k, "layer")
+        where = f"layer {name!r}"
+        _check_child_name(where, name)
+        if name in names:
+            raise ValueError(f"{where} is described twice")
+        names.add(name)
+        args = _layer_args(where, kind, args)
+        out.append((name, kind, _layer_kwargs(f"{where} ({kind})", kind, args, tensors.get(name, {}), largest)))
+    stray = [f"{owner}.{key}" for owner in tensors if owner not in names for key in tensors[owner]]
+    if stray:
+        raise ValueError(f"the state dict holds {', '.join(map(repr, stray[:5]))}, which no layer of the file has")
+    return out
 
 
 def build_pruned(layers, state_dict):
     """An ``nn.Sequential`` (``eval()`` mode) from :func:`describe_pruned`'s list and a state dict.
 
-    Tensors keep the dtype they were saved with. Raises ``ValueError`` for an unknown layer type or
-    malformed arguments, and for a state dict that does not fit the layers.
-    """
-    from collections import OrderedDict
+    Every argument is checked, every size against the tensors (see :func:`load_pruned`); the layers are
+    built without allocating and take the tensors as they are, with their dtype.
 
-    module = nn.Sequential(OrderedDict(_build_layer(spec, k) for k, spec in enumerate(layers)))
+    :raises TypeError: when ``layers`` is not a list of ``{"name", "type", "args"}`` dicts, ``state_dict``
+        not a dict of tensors, or an entry or argument has the wrong type.
+    :raises ValueError: naming the layer, for an unknown layer type, a name that is not allowed, an argument
+        out of its range or a size that disagrees with the tensors, and for a state dict that does not fit.
+    """
+    layers = _sequential_layers(layers, state_dict)
+    module = nn.Sequential(
+        OrderedDict((name, _construct(f"layer {name!r} ({kind})", kind, kw)) for name, kind, kw in layers)
+    )
     _load_state(module, state_dict)
     return module.eval()
 
 
 def _fresh(model, model_class):
     """The instance ``model`` is, or builds (a class or a function without arguments)."""
+    if not isinstance(model_class, str):
+        raise TypeError(f"model_class must be a str (a class name), got {_short(model_class)}")
     if model is None:
         raise ValueError(
             f"the file holds a pruned {model_class}, a model of your own class: pass model= a fresh {model_class} "
@@ -214,90 +533,163 @@ def _fresh(model, model_class):
     return instance
 
 
-def _set_module(root, name, layer):
-    parent_name, _, child = name.rpartition(".")
-    try:
-        parent = root.get_submodule(parent_name) if parent_name else root
-    except AttributeError as err:
-        raise ValueError(f"the model has no module {parent_name!r}, which the file's {name!r} belongs to") from err
-    setattr(parent, child, layer)
+def _twin_tree(model):
+    """A copy of ``model``'s tree of modules sharing its tensors and attributes, but not its dicts of modules,
+    parameters and buffers: changed and loaded, it leaves ``model`` as it was. Returns ``(twin, pairs)``."""
+    pairs = {}
+
+    def twin_of(module):
+        if id(module) not in pairs:
+            twin = copy.copy(module)
+            pairs[id(module)] = (module, twin)
+            twin.__dict__["_parameters"] = dict(module._parameters)
+            twin.__dict__["_buffers"] = dict(module._buffers)
+            twin.__dict__["_modules"] = {k: None if m is None else twin_of(m) for k, m in module._modules.items()}
+        return pairs[id(module)][1]
+
+    return twin_of(model), list(pairs.values())
+
+
+def _commit(pairs):
+    """Give every module of the original tree the state of its twin (see :func:`_twin_tree`)."""
+    originals = {id(twin): module for module, twin in pairs}
+    for module, twin in pairs:
+        state = dict(twin.__dict__)
+        state["_modules"] = {k: originals.get(id(m), m) for k, m in twin._modules.items()}
+        module.__dict__.update(state)
+
+
+def _locate(root, name):
+    """``(parent, child name, module)`` of a dotted name, found through the ``_modules`` of each module only."""
+    *path, child = name.split(".")
+    parent = root
+    for i, part in enumerate(path):
+        parent = parent._modules.get(part)
+        if parent is None:
+            raise ValueError(f"module {name!r} of the file: the model has no module {'.'.join(path[: i + 1])!r}")
+    if child not in parent._modules or parent._modules[child] is None:
+        raise ValueError(f"module {name!r} of the file is not a module of the model")
+    return parent, child, parent._modules[child]
+
+
+def _place(twin, modules, tensors, largest):
+    """Put the file's layers into ``twin`` (see :func:`build_into`); checks every entry first."""
+    placeholders, names = set(), set()
+    for k, spec in enumerate(modules):
+        name, kind, args = _entry(spec, k, "module")
+        where = f"module {name!r}"
+        if not all(re.fullmatch(r"\w+", part) for part in name.split(".")):
+            raise ValueError(f"{where}: the name {_short(name)} is not a dotted name of modules")
+        if name in names:
+            raise ValueError(f"{where} is described twice")
+        names.add(name)
+        parent, child, existing = _locate(twin, name)
+        placeholder = id(existing) in placeholders
+        if kind == "module":
+            if set(args) != {"class"} or not isinstance(args["class"], str):
+                raise ValueError(f"{where} (module): its args must be {{'class': its class name}}, got {_short(args)}")
+            if placeholder or type(existing).__qualname__ != args["class"]:
+                found = "nothing" if placeholder else f"a {type(existing).__qualname__}"
+                raise ValueError(f"module {name!r} of the file is a {args['class']}, the model has {found} there")
+        elif kind == "Sequential":
+            children = args.get("children") if set(args) == {"children"} else None
+            if not isinstance(children, list) or not all(isinstance(c, str) for c in children):
+                raise ValueError(f"{where} (Sequential): its args must be {{'children': [names]}}, got {_short(args)}")
+            if type(existing) is nn.Sequential and list(existing._modules) == children:
+                continue  # the model's own Sequential: its children are described next
+            if not (placeholder or type(existing) in (nn.Sequential, nn.Linear)):
+                raise ValueError(f"{where}: the file has a Sequential where the model has a {type(existing).__name__}")
+            if len(set(children)) != len(children):
+                raise ValueError(f"{where} (Sequential): its children {_short(children)} repeat a name")
+            for c in children:
+                _check_child_name(f"{where} (Sequential)", c)
+            if len(children) > len(modules) - k - 1:  # every child is described after its parent
+                raise ValueError(f"{where} (Sequential): it has {len(children)} children, the file describes fewer")
+            new = nn.Sequential(OrderedDict((c, nn.Identity()) for c in children))  # every child is described next
+            placeholders.update(id(m) for m in new)
+            parent._modules[child] = new
+        else:
+            args = _layer_args(where, kind, args)
+            if not (placeholder or type(existing) is LAYER_TYPES[kind][0]):
+                raise ValueError(f"{where}: the file has a {kind} where the model has a {type(existing).__name__}")
+            kwargs = _layer_kwargs(f"{where} ({kind})", kind, args, tensors.get(name, {}), largest)
+            layer = _construct(f"{where} ({kind})", kind, kwargs)
+            placeholders.discard(id(existing))
+            parent._modules[child] = layer
+    missing = [n for n, m in twin.named_modules() if n and (n not in names or id(m) in placeholders)]
+    if missing:
+        raise ValueError(f"the model has modules the file does not describe: {missing[:5]}")
 
 
 def build_into(model, modules, state_dict):
     """``model`` (a fresh instance of the saved class) with :func:`describe_modules`'s layers and the tensors.
 
-    Every layer of :data:`LAYER_TYPES` in ``modules`` replaces the module of that name (so it takes the
-    pruned size), an ``nn.Sequential`` the file holds where the model has another module (a linear layer
-    that became ``SelectFeatures -> Linear``) is put in its place, and a module of another class must be
-    in the model already, of the same class. Returns ``model`` in ``eval()`` mode.
+    Every layer of :data:`LAYER_TYPES` in ``modules`` replaces the module of that name and type (so it takes
+    the pruned size), an ``nn.Sequential`` the file holds where the model has a linear layer (one that became
+    ``SelectFeatures -> Linear``) is put in its place, and a module of another class must be in the model
+    already, of the same class. Names are found among the model's modules only (never its other attributes).
+    Nothing of ``model`` changes unless all of it fits: the layers are put into a copy of its tree of modules
+    that shares its tensors, the tensors are loaded there, and only then is ``model`` given the result.
+    Returns ``model`` in ``eval()`` mode.
 
-    :raises ValueError: naming the module, when the model does not have the saved structure, and for a
-        state dict that does not fit.
+    :raises TypeError: for entries or arguments of the wrong type.
+    :raises ValueError: naming the module, when the model does not have the saved structure, for a size that
+        disagrees with the tensors, and for a state dict that does not fit.
     """
-    from collections import OrderedDict
-
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(modules, list):
-        raise ValueError(f"the description of the modules is a {type(modules).__name__}, not a list")
-    for k, spec in enumerate(modules):
-        name, kind, args = _module_spec(spec, k)
-        if kind == "module":
-            try:
-                existing = model.get_submodule(name)
-            except AttributeError:
-                existing = None
-            if existing is None or type(existing).__qualname__ != args.get("class"):
-                found = "nothing" if existing is None else f"a {type(existing).__qualname__}"
-                raise ValueError(f"module {name!r} of the file is a {args.get('class')}, the model has {found} there")
-        elif kind == "Sequential":
-            children = args["children"]
-            existing = model.get_submodule(name) if _has(model, name) else None
-            if type(existing) is not nn.Sequential or [n for n, _ in existing.named_children()] != children:
-                # placeholders: every child is described after its parent and replaces its placeholder
-                _set_module(model, name, nn.Sequential(OrderedDict((c, nn.Identity()) for c in children)))
-        else:
-            _set_module(model, *_build_layer(spec, k))
-    saved = {spec["name"] for spec in modules}
-    extra = [n for n, _ in model.named_modules() if n and n not in saved]
-    if extra:
-        raise ValueError(f"the model has modules the pruned one did not: {extra[:5]}")
-    _load_state(model, state_dict)
-    return model.eval()
+        raise TypeError(f"modules is a {type(modules).__name__}, not a list of {{'name', 'type', 'args'}} dicts")
+    tensors = _tensors_by_owner(state_dict)
+    _check_count("modules", modules, state_dict)
+    twin, pairs = _twin_tree(model)
+    _place(twin, modules, tensors, _largest(state_dict))
+    _load_state(twin, state_dict)
+    twin.eval()
+    _commit(pairs)
+    return model
 
 
-_NAME = re.compile(r"\w+(\.\w+)*")
-
-
-def _module_spec(spec, k):
-    """``(name, type, args)`` of entry ``k`` of :func:`describe_modules`'s list, checked.
-
-    A name is dotted words (no attribute of the model beyond its sub-modules can be reached), a
-    ``Sequential`` lists its children's names, a ``module`` its class name.
-    """
-    try:
-        name, kind, args = spec["name"], spec["type"], spec["args"]
-    except (TypeError, KeyError) as err:
-        raise ValueError(f"module {k} of the description is malformed: {spec!r}") from err
-    ok = isinstance(name, str) and _NAME.fullmatch(name) and "__" not in name and isinstance(args, dict)
-    if ok and kind == "Sequential":
-        children = args.get("children")
-        ok = isinstance(children, list) and all(isinstance(c, str) and re.fullmatch(r"\w+", c) for c in children)
-    elif ok and kind == "module":
-        ok = isinstance(args.get("class"), str)
-    if not ok:
-        raise ValueError(f"module {k} of the description is malformed: {spec!r}")
-    return name, kind, args
-
-
-def _has(root, name):
-    try:
-        root.get_submodule(name)
-    except AttributeError:
-        return False
-    return True
+def _check_metadata(metadata):
+    """``metadata`` as a dict of tensors and plain values, or a ``TypeError`` naming the first other entry."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict (or None), got {type(metadata).__name__}")
+    plain = (type(None), bool, int, float, complex, str)
+    stack = [(metadata, "metadata", frozenset())]
+    while stack:
+        value, where, within = stack.pop()
+        if type(value) in plain or type(value) in (torch.Tensor, nn.Parameter, torch.Size):
+            continue
+        if type(value) in (dict, OrderedDict, list, tuple):
+            if id(value) in within:
+                raise TypeError(f"{where} contains itself, which cannot be saved")
+            inner = within | {id(value)}
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if type(key) not in plain:
+                        raise TypeError(
+                            f"{where} has the key {_short(key)}: keys must be str, int, float, bool or None"
+                        )
+                    stack.append((item, f"{where}[{key!r}]", inner))
+            else:
+                stack.extend((item, f"{where}[{i}]", inner) for i, item in enumerate(value))
+            continue
+        kind = f"{type(value).__module__}.{type(value).__qualname__}"
+        raise TypeError(
+            f"{where} is a {kind} ({_short(value)}), which cannot be saved: metadata holds tensors and plain values "
+            "(dict, list, tuple, str, int, float, complex, bool, None)"
+        )
+    return dict(metadata)
 
 
 def save_pruned(module, path, metadata=None):
     """Write a pruned network and ``metadata`` to ``path`` (atomically; see the module docstring).
+
+    Everything is checked before anything is written: the layers against what :func:`load_pruned` accepts
+    (so every file written loads back) and ``metadata``'s values. An existing file at ``path`` is replaced
+    in one step; a failed save leaves it as it was and no partial file behind.
 
     :param module: the output of :func:`~l0bayes.pruning.prune.prune`: an ``nn.Sequential`` of allow-listed
         layers (or a subclass with ``nn.Sequential``'s ``forward``; it loads back as an ``nn.Sequential``),
@@ -305,53 +697,89 @@ def save_pruned(module, path, metadata=None):
         resized layers must be allow-listed (``nn.Linear``, ``nn.Conv2d``, batch norms, ...); load the
         latter with ``load_pruned(path, model=YourClass)``.
     :param path: the file to write; its directory must exist.
-    :param dict metadata: tensors and plain values (``dict``, ``list``, ``str``, numbers, ``None``) stored
-        beside the network, e.g. the input shape and the scalers of the data.
-    :raises TypeError: naming the layer, for a grouped convolution or (in an ``nn.Sequential``) a layer
-        outside :data:`LAYER_TYPES`.
+    :param dict metadata: tensors and plain values (``dict``, ``list``, ``tuple``, ``str``, numbers,
+        ``None``) stored beside the network, e.g. the input shape and the scalers of the data.
+    :raises TypeError: when ``module`` is not an ``nn.Module``; naming the key, for an entry of ``metadata``
+        of another type (a function, a NumPy value: convert it with ``float()``, ``.tolist()`` or
+        ``torch.as_tensor``); naming the layer, for a grouped convolution or (in an ``nn.Sequential``) a
+        layer outside :data:`LAYER_TYPES`.
+    :raises ValueError: naming the layer, for one that :func:`load_pruned` would refuse (a name it does not
+        allow, an argument outside its range).
     """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module (the output of prune()), got {type(module).__name__}")
+    metadata = _check_metadata(metadata)
     state = {"format": FORMAT}
+    state_dict = {k: v.detach().cpu() for k, v in module.state_dict().items()}
     if isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward:
         state.update(version=VERSION, layers=describe_pruned(module))
+        _sequential_layers(state["layers"], state_dict)
     else:
         state.update(version=MODULES_VERSION, model_class=type(module).__qualname__, modules=describe_modules(module))
-    state["state_dict"] = {k: v.detach().cpu() for k, v in module.state_dict().items()}
-    state["metadata"] = dict(metadata or {})
+        tensors, largest = _tensors_by_owner(state_dict), _largest(state_dict)
+        _check_count("modules", state["modules"], state_dict)
+        for spec in state["modules"]:
+            if spec["type"] in LAYER_TYPES:
+                where = f"module {spec['name']!r} ({spec['type']})"
+                _layer_kwargs(where, spec["type"], spec["args"], tensors.get(spec["name"], {}), largest)
+    state["state_dict"] = state_dict
+    state["metadata"] = metadata
     save_checkpoint(path, state)
+
+
+_KEYS = {VERSION: ("layers",), MODULES_VERSION: ("model_class", "modules")}
 
 
 def load_pruned(path, map_location="cpu", model=None):
     """Read a file of :func:`save_pruned` safely: returns ``(module, metadata)``, the module in ``eval()`` mode.
 
-    Loads with ``torch.load(weights_only=True)``; nothing in the file names code to run.
+    Loads with ``torch.load(weights_only=True)``; nothing in the file names code to run, and nothing is
+    allocated beyond the file's own tensors: every layer is built on the meta device and takes the
+    file's tensors, and every value of the description is checked first. A size must equal the shape of the
+    tensor it describes (a linear layer's ``in_features`` its weight's, a ``SelectFeatures``' length its
+    index's); an integer that sizes no tensor is at most :data:`INT_LIMIT`, a convolution's padding at most
+    the kernel's reach, an adaptive pooling's output no larger than the file's largest tensor; names are
+    found among the modules only.
 
     :param model: for a file holding a model of your own class: a fresh instance of that class (changed in
-        place and returned), or the class or a function without arguments that builds one. Its layers
-        are replaced by ones of the pruned sizes, then the tensors are loaded. ``None`` for an
-        ``nn.Sequential``, which is rebuilt from the file alone.
+        place and returned, once the whole file fits it), or the class or a function without arguments that
+        builds one. Its layers are replaced by ones of the pruned sizes, then the tensors are loaded.
+        ``None`` for an ``nn.Sequential``, which is rebuilt from the file alone.
     :raises FileNotFoundError: when ``path`` does not exist.
-    :raises ValueError: naming the file when it is corrupt, holds anything but tensors and plain containers
-        (a pickle that would run code), is not a pruned-model file, or describes a layer outside
-        :data:`LAYER_TYPES`; when a model of your own class is not passed ``model=`` (or one of another
-        class or structure).
+    :raises ValueError: naming the file (and the entry) when it is corrupt, holds anything but tensors and plain
+        containers (a pickle that would run code), is not a pruned-model file, describes a layer outside
+        :data:`LAYER_TYPES`, or a value out of its range; when a model of your own class is not passed
+        ``model=`` (or one of another class or structure).
+    :raises TypeError: naming the file and the entry, for a value of the wrong type in the file.
     """
     state = load_checkpoint(path, map_location=map_location, required=("format", "state_dict"))
+    path = os.fspath(path)
     version = state.get("version")
-    if state["format"] != FORMAT or version not in (VERSION, MODULES_VERSION):
-        raise CheckpointError(f"{path!r} is not an l0bayes pruned model (format {state['format']!r})")
+    if not isinstance(state["format"], str) or state["format"] != FORMAT:
+        raise CheckpointError(f"{path!r} is not an l0bayes pruned model (format {_short(state['format'])})")
+    if type(version) is not int or version not in _KEYS:
+        raise CheckpointError(f"{path!r} is a pruned model of version {_short(version)}, not one of {list(_KEYS)}")
+    missing = [key for key in _KEYS[version] if key not in state]
+    if missing:
+        raise CheckpointError(f"{path!r} lacks {', '.join(map(repr, missing))} and is not a complete pruned-model file")
+    extra = set(state) - {"format", "version", "state_dict", "metadata", *_KEYS[version]}
+    if extra:
+        raise CheckpointError(f"{path!r} holds the unknown entries {sorted(map(repr, extra))}")
+    metadata = state.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise CheckpointTypeError(f"{path!r}: its metadata must be a dict, got {type(metadata).__name__}")
     try:
         if version == VERSION:
             if model is not None:
                 raise ValueError("the file holds an nn.Sequential, which loads without model=")
             module = build_pruned(state["layers"], state["state_dict"])
         else:
-            instance = _fresh(model, state["model_class"])
-            module = build_into(instance, state["modules"], state["state_dict"])
-    except KeyError as err:
-        raise CheckpointError(f"{path!r} lacks {err} and is not a complete pruned-model file") from None
+            module = build_into(_fresh(model, state["model_class"]), state["modules"], state["state_dict"])
+    except TypeError as err:
+        raise CheckpointTypeError(f"{path!r}: {err}") from None
     except ValueError as err:
         raise CheckpointError(f"{path!r}: {err}") from None
-    return module, state.get("metadata", {})
+    return module, metadata
 
 
 def _folded(conv, bn):
