@@ -66,7 +66,7 @@ from torch import nn
 from l0bayes._atomic import atomic_write
 from l0bayes.analysis.plots import head_map
 from l0bayes.inference import parameter_groups, train
-from l0bayes.inference.training import FINAL_PHASE
+from l0bayes.inference.objectives import FINAL_PHASE
 from l0bayes.models import SparseModel
 from l0bayes.pruning import count_parameters, flops_per_token, network_size, prune, sparsify_transformer
 

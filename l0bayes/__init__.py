@@ -17,8 +17,8 @@ from above (imports inside functions included), and no imports form a cycle:
 8. ``l0bayes.models``: Pyro models, gated classifiers, variable selection;
 9. ``l0bayes.cli``: the command line.
 
-The names that moved up from ``l0bayes.nn`` to ``l0bayes.pruning`` still import from their former
-modules, which forward to the new ones.
+Every name has one home, the module that defines it, and is exposed by the package that holds that
+module; ``l0bayes`` itself exposes the few entry points of its ``__all__``.
 """
 
 from typing import TYPE_CHECKING

@@ -20,10 +20,10 @@ from l0bayes.inference.callbacks import (
     ParameterAveraging,
     ProgressBar,
 )
-from l0bayes.inference.checkpoint import load_checkpoint
 from l0bayes.inference.distributed import DataParallelContext
 from l0bayes.inference.loop import Run, fit
 from l0bayes.inference.objectives import make_objective
+from l0bayes.io import load_checkpoint
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, gates_of
 

@@ -306,7 +306,8 @@ def test_default_threads_one_on_bundled_sets_and_the_mlp():
 
 
 def test_init_option_reaches_the_network(tmp_path):
-    from l0bayes.cli import build_model, build_parser, resolve_config
+    from l0bayes.cli import build_model, build_parser
+    from l0bayes.cli.config import resolve_config
 
     data = load_dataset("digits", seed=0)
     for init, zero_bias in (("he", True), ("torch", False)):

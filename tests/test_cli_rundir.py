@@ -10,8 +10,9 @@ import torch
 from idx_fixtures import write_mnist_dir
 
 import l0bayes.inference
+from l0bayes._atomic import atomic_write
 from l0bayes.cli import main
-from l0bayes.cli.rundir import LOCK, OUTPUTS, RunDirectory, atomic_write
+from l0bayes.cli.rundir import LOCK, OUTPUTS, RunDirectory
 from l0bayes.data import load_dataset
 from l0bayes.io import save_checkpoint
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .inference_data import import_arviz
+from .._optional import import_arviz
 
 KHAT_THRESHOLD = 0.7
 RB_MODELS = 256  # distinct drawn models Rao-Blackwellised at most (the heaviest)

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from .._checks import COUNT, NON_NEGATIVE_COUNT, check_args, check_seed
+from .._optional import import_arviz
 from ..distributions import HardConcrete
-from .inference_data import gate_layers, gate_var, import_arviz
+from .inference_data import gate_layers, gate_var
 from .summary import _layer_of, _select, gate_quantity
 
 # The tables of argument checks: plot_hard_concrete draws no samples for num_samples=0, while

@@ -17,7 +17,8 @@ and the interval per layer is that of the count :math:`\sum_g 1[z_g \ne 0]`.
 
 import numpy as np
 
-from .inference_data import gate_variables, import_arviz
+from .._optional import import_arviz
+from .inference_data import gate_variables
 
 QUANTITIES = ("log_alpha", "prob_nonzero", "prob_zero", "prob_one", "mean", "test_gate")
 

@@ -22,7 +22,7 @@ import os
 from .._atomic import atomic_write
 from .errors import CLIError
 
-__all__ = ["LOCK", "OUTPUTS", "RunDirectory", "atomic_write"]
+__all__ = ["LOCK", "OUTPUTS", "RunDirectory"]
 
 LOCK = ".l0bayes.lock"
 # Everything `l0bayes fit` writes into a run directory (removed by --overwrite).

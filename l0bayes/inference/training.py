@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..threads import thread_policy
-from .arguments import OBJECTIVES, check_arguments
-from .averaging import ParameterAverage
+from .arguments import check_arguments
 from .batches import make_batches
 from .callbacks import (
     CallbackList,
@@ -29,16 +28,14 @@ from .callbacks import (
 )
 from .compiled import CompiledStep
 from .data_checks import DataCheck, check_data
-from .device import resolve_device
 from .distributed import DataParallelContext, seed_everything
-from .errors import NonFiniteLossError
 from .graphed import GraphedStep
 from .loop import ACCELERATOR_CHECK_EVERY, FiniteCheck, Run, fit
 from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, RANK, WAIT, make_objective
 from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr
 from .resume import check_signature, held_out_signature, resume_point, run_signature
 
-__all__ = ["NonFiniteLossError", "OBJECTIVES", "ParameterAverage", "TrainResult", "resolve_device", "train"]
+__all__ = ["TrainResult", "train"]
 
 
 @dataclass

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from ..nn.gates import pyro_gates
-from .sparse_model import ARG_CHECKS, SparseModel, _layer_name
+from .sparse_model import SparseModel
 
-__all__ = ["ARG_CHECKS", "SparseClassifier", "_layer_name"]
+__all__ = ["SparseClassifier"]
 
 
 class SparseClassifier(SparseModel):

@@ -88,10 +88,3 @@ class WideResNet(nn.Module):
             name for name, m in self.named_modules() if isinstance(m, WideResNetBlock) for name in [f"{name}.conv1"]
         ]
 
-
-def __getattr__(name):
-    if name == "l0_wide_resnet":  # its former home: it is sparsify() on a WideResNet
-        from ..pruning.wrn import l0_wide_resnet
-
-        return l0_wide_resnet
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

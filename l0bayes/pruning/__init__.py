@@ -13,8 +13,6 @@
   counted as :func:`prune` removes (:mod:`~l0bayes.pruning.size`), in expectation under :math:`q` and at test time.
 * :func:`save_pruned` / :func:`load_pruned`: a pruned network as tensors and a list of layers, loaded
   without running code; :func:`for_inference` prepares it for CPU inference.
-
-These names were first in :mod:`l0bayes.nn`, and still import from there.
 """
 
 from .counting import count_parameters, flops
