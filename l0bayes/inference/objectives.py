@@ -22,11 +22,11 @@ The objectives (``docs/mathematics.md``, "The variational free energy" and "Cons
 """
 
 import math
-import warnings
 
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
+from .._warnings import warn
 from ..nn.density import density_names, test_time_gate_density
 from ..nn.gates import gate_owners
 from ..pruning.size import network_size
@@ -364,13 +364,12 @@ class ConstrainedObjective(Objective):
         d, t = far
         more = _epochs_needed(self.trajectory, self.target_values, ARRIVAL)
         hint = f"about {more} more epochs" if more is not None else "more epochs"
-        warnings.warn(
+        warn(
             f"constrained: the gates are fixed at epoch {epoch + 1} of {epochs} before the Lagrangian arrived: "
             f"expected {_word(self.what)} {d:.3f} against the target {t:.3f}, so the final phase cuts the "
             f"difference at once, which costs accuracy: train {hint} (at its recent pace), or raise "
             "multiplier_lr or the gates' learning rate",
             UserWarning,
-            stacklevel=7,  # the caller of train() (train, _train, fit, the epochs loop, start_epoch, this)
         )
 
     @torch.no_grad()
@@ -386,12 +385,11 @@ class ConstrainedObjective(Objective):
         over = [(a, t) for a, t in zip(achieved, self.target_values, strict=True) if a > t + 1e-12]
         if over:
             a, t = max(over, key=lambda g: g[0] - g[1])
-            warnings.warn(
+            warn(
                 f"constrained: the target {_word(self.what)} {t:.3f} cannot be met: with one group per gated layer "
                 f"the pruned model still keeps {a:.3f} (what no gate can remove: ungated layers, channels that "
                 "enter a residual addition); lower the target's ambition or gate more layers",
                 UserWarning,
-                stacklevel=8,
             )
         return masks
 
