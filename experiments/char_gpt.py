@@ -61,6 +61,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _common import machine
 from torch import nn
 
 from l0bayes._atomic import atomic_write
@@ -328,20 +329,11 @@ def _settings(args, name, seed, data_info):
         "val_windows": args.val_windows,
         "torch": torch.__version__,
         "python": sys.version.split()[0],
-        "machine": _machine(),
+        "machine": machine(),
         "threads": torch.get_num_threads(),
         "data": {k: v for k, v in data_info.items() if k != "files"},
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
-
-
-def _machine():
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        return f"{names[0]}, {len(names)} cores" if names else platform.machine()
-    except OSError:
-        return platform.machine()
 
 
 def _write(args, name, record):

@@ -35,7 +35,6 @@ import inspect
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import time
@@ -43,6 +42,7 @@ from collections import Counter, defaultdict
 
 import torch
 import torch.nn.functional as F
+from _common import machine
 from torch import nn
 
 from l0bayes._atomic import atomic_write
@@ -182,15 +182,6 @@ def measure(net, settings, x_test, y_test):
     }
 
 
-def _machine():
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        return f"{names[0]}, {len(names)} cores" if names else platform.machine()
-    except OSError:
-        return platform.machine()
-
-
 def _commit():
     try:
         here = os.path.dirname(os.path.abspath(__file__))
@@ -229,7 +220,7 @@ def run_one(args, data, name, seed, objective, target=None, target_kind=None, la
         "threads": args.threads,
         "commit": _commit(),
         "torch": torch.__version__,
-        "machine": _machine(),
+        "machine": machine(),
         "device": args.device,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }

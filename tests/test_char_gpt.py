@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -18,9 +19,13 @@ TINY = [
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("char_gpt", ROOT / "experiments" / "char_gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(ROOT / "experiments"))  # the script imports its neighbour `_common`
+    try:
+        spec = importlib.util.spec_from_file_location("char_gpt", ROOT / "experiments" / "char_gpt.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
     return module
 
 

@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -15,9 +16,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("constrained", ROOT / "experiments" / "constrained.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(ROOT / "experiments"))  # the script imports its neighbour `_common`
+    try:
+        spec = importlib.util.spec_from_file_location("constrained", ROOT / "experiments" / "constrained.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
     return module
 
 
