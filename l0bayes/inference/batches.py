@@ -1,18 +1,23 @@
 """Where a run's minibatches come from: tensors in memory, or any iterable of batches (a ``DataLoader``).
 
 Both give ``batches(run)``, the epoch's ``(x, y)`` minibatches on the run's device, and the state a
-checkpoint needs to continue the same sequence of minibatches.
+checkpoint needs to continue the same sequence of minibatches. Held-out data, given in the same two forms,
+is read in order by :func:`held_out_batches`; a pass over data that is not training (the full record's
+examples, its test and validation metrics) runs under :func:`random_state_kept`.
 """
 
+import contextlib
 import math
 from collections.abc import Iterator
 
 import torch
 
-__all__ = ["IterableBatches", "TensorBatches", "make_batches"]
+__all__ = ["IterableBatches", "TensorBatches", "held_out_batches", "make_batches", "random_state_kept"]
 
 #: Training examples kept for the full record's free energy (at least one minibatch).
 RECORD_EXAMPLES = 1000
+#: Rows per batch when held-out tensors are evaluated (the full record's test and validation metrics).
+EVALUATION_BATCH = 1000
 
 
 class TensorBatches:
@@ -149,8 +154,7 @@ class IterableBatches:
         if self._streamed is not None:
             return self._streamed
         xs, ys, count = [], [], 0
-        state = torch.get_rng_state()
-        try:
+        with random_state_kept():
             for index, batch in enumerate(self.data, 1):
                 x, y = self._checked(batch, f"batch {index} of x")
                 xs.append(x)
@@ -158,8 +162,6 @@ class IterableBatches:
                 count += x.shape[0]
                 if count >= RECORD_EXAMPLES:
                     break
-        finally:
-            torch.set_rng_state(state)
         if not xs:
             raise ValueError("the training data is empty: x yielded no batches")
         self._yielded = True
@@ -204,6 +206,30 @@ def make_batches(x, y, batch_size, seed, ddp, num_data=None, check=None):
     if y is not None:
         raise ValueError("with an iterable of (x, y) batches as data, leave y=None (the batches hold the targets)")
     return IterableBatches(x, num_data, check)
+
+
+def held_out_batches(data, batch_size=EVALUATION_BATCH):
+    """The ``(x, y)`` batches of held-out data, in order: a pair of tensors cut into ``batch_size`` rows, or the
+    ``(batch[0], batch[1])`` of each batch of an iterable of batches (a ``DataLoader``), as it yields them."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[0]):
+        x, y = data
+        for i in range(0, x.shape[0], batch_size):
+            yield x[i : i + batch_size], y[i : i + batch_size]
+    else:
+        for batch in data:
+            yield batch[0], batch[1]
+
+
+@contextlib.contextmanager
+def random_state_kept(device=None):
+    """Within it, draws from torch's random state (a ``DataLoader``'s seed and order, gate noise) are undone on exit.
+
+    torch's CPU state is restored, and ``device``'s own when it is a CUDA device: so that evaluating or reading
+    data outside the training steps leaves the training draws as they would have been.
+    """
+    cuda = [] if device is None or torch.device(device).type != "cuda" else [device]
+    with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+        yield
 
 
 def is_iterator(data):

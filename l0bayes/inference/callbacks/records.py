@@ -11,6 +11,7 @@ import time
 import torch
 
 from ...nn.gates import gates_of
+from ..batches import held_out_batches, random_state_kept
 from ..free_energy import FreeEnergy, free_energy
 from .base import Callback
 
@@ -68,9 +69,7 @@ def full_record(run, train_subset, test_data=None, input_shape=None, validation_
     change the training draws: neither the free energy's gate draws nor a ``DataLoader`` of held-out data,
     which draws its seed (and its order, when it shuffles) from torch's random state.
     """
-    device = run.device
-    cuda = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+    with random_state_kept(run.device):
         return _full_record(run, train_subset, test_data, input_shape, validation_data)
 
 
@@ -114,17 +113,6 @@ def _free_energy_terms(model, x, y, num_data, kl):
     return FreeEnergy(nll=nll, gate_kl=zero if gate_kl is None else gate_kl, other_kl=zero, code_cost=code_cost)
 
 
-def _batches(data, batch_size=1000):
-    """``(x, y)`` batches of ``data``: a pair of tensors (cut into batches) or an iterable of pairs."""
-    if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[0]):
-        x, y = data
-        for i in range(0, x.shape[0], batch_size):
-            yield x[i : i + batch_size], y[i : i + batch_size]
-    else:
-        for batch in data:
-            yield batch[0], batch[1]
-
-
 def test_metrics(model, test_data, device):
     """``test_error`` of a classifier, ``test_rmse`` of a Gaussian linear regression, ``test_loss`` of a model
     with its own loss function (the mean over the test examples), at test time (Eq. 13 gates)."""
@@ -135,7 +123,7 @@ def test_metrics(model, test_data, device):
     kind = None
     try:
         with torch.no_grad():
-            for xb, yb in _batches(test_data):
+            for xb, yb in held_out_batches(test_data):
                 xb, yb = xb.to(device), yb.to(device)
                 metric = getattr(model, "test_metric", None)
                 if metric == "test_loss":
