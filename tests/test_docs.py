@@ -499,3 +499,34 @@ def test_code_on_the_page_runs(name, tmp_path):
 def test_code_on_the_slow_page_runs(name, tmp_path):
     """As above, for the pages with longer examples."""
     _run_page(name, tmp_path)
+
+
+def _resolve(path):
+    """The object at the dotted ``path`` (a module, then attributes), or ``None``."""
+    parts = path.split(".")
+    for k in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:k]))
+        except ImportError:
+            continue
+        for part in parts[k:]:
+            obj = getattr(obj, part, None)
+        return obj
+    return None
+
+
+def test_the_api_reference_lists_each_object_once(site):
+    """Every module, class and function of the API pages has one heading: not one per path that imports it."""
+    import inspect
+
+    seen = {}
+    for page in sorted(site.joinpath("api").rglob("index.html")):
+        for path in re.findall(r'<h[1-6][^>]*id="(l0bayes\.[^"]+)"', page.read_text(encoding="utf-8")):
+            obj = _resolve(path)
+            if inspect.isclass(_resolve(path.rpartition(".")[0])):
+                continue  # a member of a class: inherited members repeat by design
+            if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isfunction(obj):
+                seen.setdefault(id(obj), []).append(f"{page.parent.name}: {path}")
+    assert len(seen) > 100
+    twice = [paths for paths in seen.values() if len(paths) > 1]
+    assert not twice, twice
