@@ -160,6 +160,12 @@ def gate_owners(module):
     return [(module.get_submodule(name.rpartition(".")[0]), gate) for name, gate in gates_of(module)]
 
 
+def gate_parameter_ids(module):
+    """The ``id`` of every parameter of every gate in ``module`` (each gate's ``log_alpha``): what a count of the
+    module's own parameters leaves out."""
+    return {id(p) for m in module.modules() if isinstance(m, HardConcreteGate) for p in m.parameters()}
+
+
 @contextlib.contextmanager
 def pyro_gates(module, prior, prefix=""):
     """Within this context every gate of ``module`` is a ``pyro.sample`` site drawing from ``prior``.

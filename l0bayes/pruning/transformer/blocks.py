@@ -4,7 +4,7 @@ from dataclasses import dataclass, replace
 
 from torch import nn
 
-from ...nn.gates import HardConcreteGate
+from ...nn.gates import gate_parameter_ids
 from .projections import features, is_projection, out_dim
 
 #: Default names, searched in this order, of a block's attention module, its projections and head count,
@@ -505,12 +505,9 @@ def _own_parameters(modules):
     seen = set()
     total = 0
     for m in modules:
+        gates = gate_parameter_ids(m)
         for p in m.parameters():
-            if id(p) not in seen and not _is_gate_parameter(m, p):
+            if id(p) not in seen and id(p) not in gates:
                 seen.add(id(p))
                 total += p.numel()
     return total
-
-
-def _is_gate_parameter(module, p):
-    return any(p is g.log_alpha for g in module.modules() if isinstance(g, HardConcreteGate))

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ...nn.density import density_names
-from ...nn.gates import gate_owners
+from ...nn.gates import gate_owners, gate_parameter_ids
 from ..counting import count_parameters
 from ..sparsify import _as_tuple, _probe_forward
 from .attach import is_transformer_gated
@@ -130,7 +130,7 @@ class TransformerSize:
         self.blocks = []
         self._branch_of = {}  # id(gated layer) -> index into branches, or ("block", index into blocks)
         inside = set()
-        gate_params = {id(g.log_alpha) for g in self.gates}
+        gate_params = gate_parameter_ids(net)
         for r in net._l0_transformer:
             block = net.get_submodule(r.name)
             first = len(self.branches)
