@@ -144,13 +144,35 @@ def test_every_allowed_layer_round_trips(tmp_path):
         nn.Linear(6, 1),
         nn.Flatten(0),
     ).eval()
-    assert {type(m) for m in net} == {cls for cls, _ in LAYER_TYPES.values()}
-    save_pruned(net, tmp_path / "all.pt")
-    loaded, _ = load_pruned(tmp_path / "all.pt")
-    assert repr(loaded) == repr(net)
-    x = torch.randn(3, 2, 8, 8)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(x), net(x), atol=0, rtol=0)
+    one_d = nn.Sequential(
+        nn.Conv1d(2, 4, 3, padding=1, bias=False),
+        nn.BatchNorm1d(4),
+        nn.MaxPool1d(2),
+        nn.Dropout1d(0.2),
+        nn.AvgPool1d(2, count_include_pad=False),
+        nn.AdaptiveAvgPool1d(3),
+        nn.AdaptiveMaxPool1d(2),
+        nn.Flatten(),
+    ).eval()
+    three_d = nn.Sequential(
+        nn.Conv3d(1, 3, (1, 3, 3), padding=(0, 1, 1), padding_mode="replicate"),
+        nn.BatchNorm3d(3),
+        nn.MaxPool3d(2, ceil_mode=True),
+        nn.Dropout3d(0.1),
+        nn.AvgPool3d((1, 2, 2)),
+        nn.AdaptiveAvgPool3d((1, 2, None)),
+        nn.AdaptiveMaxPool3d(1),
+        nn.Flatten(),
+    ).eval()
+    networks = {"all.pt": (net, (3, 2, 8, 8)), "1d.pt": (one_d, (3, 2, 16)), "3d.pt": (three_d, (3, 1, 4, 8, 8))}
+    assert {type(m) for n, _ in networks.values() for m in n} == {cls for cls, _ in LAYER_TYPES.values()}
+    for name, (network, shape) in networks.items():
+        save_pruned(network, tmp_path / name)
+        loaded, _ = load_pruned(tmp_path / name)
+        assert repr(loaded) == repr(network)
+        x = torch.randn(shape)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), network(x), atol=0, rtol=0)
 
 
 def test_missing_and_corrupt_files(tmp_path):

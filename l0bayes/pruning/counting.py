@@ -8,10 +8,9 @@ expectation under :math:`q` or with the Eq. 13 gates, is :mod:`l0bayes.pruning.s
 import math
 
 import torch
-from torch import nn
 
 from ..nn.gates import HardConcreteGate
-from .sequential import CONV, WEIGHT, in_units, out_units
+from .sequential import CONV, PLAIN_CONV, WEIGHT, in_units, out_units
 from .sparsify import _probe_forward
 
 __all__ = ["count_parameters", "flops"]
@@ -55,8 +54,9 @@ def _trace(module, input_shape):
 
 
 def _positions(layer, out_shape):
-    """Output positions per example: ``H * W`` for a conv, the leading dims for a linear layer (1 for 2-d input)."""
-    return math.prod(out_shape[-2:]) if isinstance(layer, CONV) else math.prod(out_shape[:-1])
+    """Output positions per example: ``L``, ``H * W`` or ``D * H * W`` for a conv (its output after the channels),
+    the leading dims for a linear layer (1 for 2-d input)."""
+    return math.prod(out_shape[1:]) if isinstance(layer, CONV) else math.prod(out_shape[:-1])
 
 
 def flops(module, input_shape):
@@ -65,12 +65,13 @@ def flops(module, input_shape):
     Counted exactly: for every ``nn.Linear`` / ``L0Linear`` ``2 * in * out + out`` (one multiply and
     one add per multiply-add, plus one add per bias), for every ``nn.Conv2d`` / ``L0Conv2d``
     ``2 * (in_channels / groups) * kh * kw * out_channels * H_out * W_out + out_channels * H_out * W_out``
-    (the last term only with a bias). Not counted: activations, pooling, flatten, index selects
-    and the gate multiplications of the L0 layers; so an L0 network counts as its dense
-    counterpart (all groups present) and a pruned one as its smaller layers. Returns an ``int``.
+    (the last term only with a bias), and likewise for ``nn.Conv1d`` (kernel ``k``, output positions
+    ``L_out``) and ``nn.Conv3d`` (``kd * kh * kw``, ``D_out * H_out * W_out``). Not counted: activations,
+    pooling, flatten, index selects and the gate multiplications of the L0 layers; so an L0 network counts
+    as its dense counterpart (all groups present) and a pruned one as its smaller layers. Returns an ``int``.
     """
     total = 0
     for layer, out_shape in _trace(module, input_shape):
-        n_in = in_units(layer) // (layer.groups if isinstance(layer, nn.Conv2d) else 1)
+        n_in = in_units(layer) // (layer.groups if isinstance(layer, PLAIN_CONV) else 1)
         total += _layer_flops(layer, n_in, out_units(layer), _positions(layer, out_shape))
     return int(total)

@@ -46,10 +46,17 @@ _ZERO_PRESERVING = {
     "Div",
     "Mean",
     "Sum",
-    "MaxPool2DWithIndices",
+    "MaxPool2DWithIndices",  # (a 1-d pooling is the 2-d one between an unsqueeze and a squeeze)
+    "MaxPool3DWithIndices",
     "AvgPool2D",
+    "AvgPool3D",
     "AdaptiveAvgPool2D",
+    "AdaptiveAvgPool3D",
     "AdaptiveMaxPool2D",
+    "AdaptiveMaxPool3D",
+    "Squeeze",
+    "Unsqueeze",
+    "T",  # the transpose of a linear layer's weight, reading the zero channel after a flatten
     "NativeDropout",
 }
 _SUMS = {"Add", "Sub"}

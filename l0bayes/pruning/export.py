@@ -44,6 +44,7 @@ from ..io import CheckpointError, CheckpointTypeError, load_checkpoint, save_che
 from .select import SelectFeatures
 
 __all__ = [
+    "INT_LIMIT",
     "LAYER_TYPES",
     "build_into",
     "build_pruned",
@@ -60,15 +61,19 @@ VERSION = 1  # an nn.Sequential ("layers")
 MODULES_VERSION = 2  # a model of the caller's class ("modules", "model_class")
 
 # type name -> (class, constructor arguments read back from the layer's attributes of the same name)
+_CONV_ARGS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "bias", "padding_mode")
+_BATCH_NORM_ARGS = ("num_features", "eps", "momentum", "affine", "track_running_stats")
+_MAX_POOL_ARGS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+_AVG_POOL_ARGS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
 LAYER_TYPES = {
     "Linear": (nn.Linear, ("in_features", "out_features", "bias")),
-    "Conv2d": (
-        nn.Conv2d,
-        ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "bias", "padding_mode"),
-    ),
+    "Conv1d": (nn.Conv1d, _CONV_ARGS),
+    "Conv2d": (nn.Conv2d, _CONV_ARGS),
+    "Conv3d": (nn.Conv3d, _CONV_ARGS),
     "SelectFeatures": (SelectFeatures, ("index", "num_inputs", "dim")),
-    "BatchNorm1d": (nn.BatchNorm1d, ("num_features", "eps", "momentum", "affine", "track_running_stats")),
-    "BatchNorm2d": (nn.BatchNorm2d, ("num_features", "eps", "momentum", "affine", "track_running_stats")),
+    "BatchNorm1d": (nn.BatchNorm1d, _BATCH_NORM_ARGS),
+    "BatchNorm2d": (nn.BatchNorm2d, _BATCH_NORM_ARGS),
+    "BatchNorm3d": (nn.BatchNorm3d, _BATCH_NORM_ARGS),
     "Flatten": (nn.Flatten, ("start_dim", "end_dim")),
     "ReLU": (nn.ReLU, ()),
     "ReLU6": (nn.ReLU6, ()),
@@ -82,11 +87,21 @@ LAYER_TYPES = {
     "Softplus": (nn.Softplus, ("beta", "threshold")),
     "Identity": (nn.Identity, ()),
     "Dropout": (nn.Dropout, ("p",)),
+    "Dropout1d": (nn.Dropout1d, ("p",)),
     "Dropout2d": (nn.Dropout2d, ("p",)),
-    "MaxPool2d": (nn.MaxPool2d, ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
-    "AvgPool2d": (nn.AvgPool2d, ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")),
+    "Dropout3d": (nn.Dropout3d, ("p",)),
+    "MaxPool1d": (nn.MaxPool1d, _MAX_POOL_ARGS),
+    "MaxPool2d": (nn.MaxPool2d, _MAX_POOL_ARGS),
+    "MaxPool3d": (nn.MaxPool3d, _MAX_POOL_ARGS),
+    "AvgPool1d": (nn.AvgPool1d, _AVG_POOL_ARGS),
+    "AvgPool2d": (nn.AvgPool2d, _AVG_POOL_ARGS),
+    "AvgPool3d": (nn.AvgPool3d, _AVG_POOL_ARGS),
+    "AdaptiveAvgPool1d": (nn.AdaptiveAvgPool1d, ("output_size",)),
     "AdaptiveAvgPool2d": (nn.AdaptiveAvgPool2d, ("output_size",)),
+    "AdaptiveAvgPool3d": (nn.AdaptiveAvgPool3d, ("output_size",)),
+    "AdaptiveMaxPool1d": (nn.AdaptiveMaxPool1d, ("output_size",)),
     "AdaptiveMaxPool2d": (nn.AdaptiveMaxPool2d, ("output_size",)),
+    "AdaptiveMaxPool3d": (nn.AdaptiveMaxPool3d, ("output_size",)),
 }
 _BY_CLASS = {cls: name for name, (cls, _) in LAYER_TYPES.items()}
 # Arguments that files of earlier versions lack, with the value they meant.
@@ -132,7 +147,7 @@ def describe_pruned(module):
 def _layer_type(name, layer):
     """The :data:`LAYER_TYPES` name of ``layer`` (its exact class), or ``None``; a grouped convolution is refused."""
     kind = _BY_CLASS.get(type(layer))
-    if kind == "Conv2d" and layer.groups != 1:
+    if kind is not None and kind.startswith("Conv") and layer.groups != 1:
         raise TypeError(f"layer {name!r} is a grouped convolution (groups={layer.groups}), which cannot be exported")
     return kind
 
@@ -247,17 +262,23 @@ def _match_tensors(where, tensors, expected):
         raise TypeError(f"{where}: its tensors have different dtypes ({', '.join(sorted(dtypes))})")
 
 
-def _conv_kwargs(where, args, tensors):
+def _spatial(kind):
+    """The spatial dimensions of a convolution, pooling or batch norm type: 1 for ``Conv1d``, 3 for ``MaxPool3d``."""
+    return int(kind[-2])
+
+
+def _conv_kwargs(where, kind, args, tensors):
+    n = _spatial(kind)
     in_channels = _int(where, "in_channels", args["in_channels"], 1)
     out_channels = _int(where, "out_channels", args["out_channels"], 1)
-    kernel = _ints(where, "kernel_size", args["kernel_size"], 1)
-    stride = _ints(where, "stride", args["stride"], 1, INT_LIMIT)
-    dilation = _ints(where, "dilation", args["dilation"], 1, INT_LIMIT)
+    kernel = _ints(where, "kernel_size", args["kernel_size"], 1, n=n)
+    stride = _ints(where, "stride", args["stride"], 1, INT_LIMIT, n=n)
+    dilation = _ints(where, "dilation", args["dilation"], 1, INT_LIMIT, n=n)
     padding = args["padding"]
     if isinstance(padding, str):
         _choice(where, "padding", padding, ("same", "valid"))
     else:
-        padding = _ints(where, "padding", padding, 0)
+        padding = _ints(where, "padding", padding, 0, n=n)
         for p, k, d in zip(padding, kernel, dilation, strict=True):
             if p > d * (k - 1):  # beyond the kernel's reach an output position sees only padding
                 raise ValueError(
@@ -280,16 +301,17 @@ def _conv_kwargs(where, args, tensors):
 
 
 def _pool_kwargs(where, kind, args):
-    kernel = _ints(where, "kernel_size", args["kernel_size"], 1, INT_LIMIT)
-    _ints(where, "stride", args["stride"], 1, INT_LIMIT)
+    n = _spatial(kind)
+    kernel = _ints(where, "kernel_size", args["kernel_size"], 1, INT_LIMIT, n=n)
+    _ints(where, "stride", args["stride"], 1, INT_LIMIT, n=n)
     _bool(where, "ceil_mode", args["ceil_mode"])
-    if kind == "MaxPool2d":
-        dilation = _ints(where, "dilation", args["dilation"], 1, INT_LIMIT)
+    if kind.startswith("MaxPool"):
+        dilation = _ints(where, "dilation", args["dilation"], 1, INT_LIMIT, n=n)
         reach = [(k - 1) * d + 1 for k, d in zip(kernel, dilation, strict=True)]
     else:
         _bool(where, "count_include_pad", args["count_include_pad"])
         reach = list(kernel)
-    padding = _ints(where, "padding", args["padding"], 0, INT_LIMIT)
+    padding = _ints(where, "padding", args["padding"], 0, INT_LIMIT, n=n)
     if any(2 * p > r for p, r in zip(padding, reach, strict=True)):
         raise ValueError(f"{where}: padding {list(padding)} must be at most half the window {reach}")
     return {key: _given(args[key]) for key in LAYER_TYPES[kind][1]}
@@ -300,14 +322,15 @@ def _given(value):
     return tuple(value) if isinstance(value, list) else value
 
 
-def _adaptive_kwargs(where, args, largest):
+def _adaptive_kwargs(where, kind, args, largest):
+    n = _spatial(kind)
     size = args["output_size"]
     sides = list(size) if isinstance(size, (list, tuple)) else [size]
-    if len(sides) not in (1, 2) or (len(sides) == 1 and sides[0] is None):
-        raise ValueError(f"{where}: output_size must be an int or 2 ints (or None), got {_short(size)}")
+    if len(sides) not in (1, n) or (len(sides) == 1 and sides[0] is None):
+        raise ValueError(f"{where}: output_size must be an int or {n} ints (or None), got {_short(size)}")
     sides = [None if s is None else _int(where, "output_size", s, 1, INT_LIMIT) for s in sides]
     given = [s for s in sides if s is not None]
-    area = given[0] ** 2 if len(sides) == 1 else math.prod(given)
+    area = given[0] ** n if len(sides) == 1 else math.prod(given)
     if area > max(largest, 1):  # the pooled maps hold no more values than the file's largest tensor
         raise ValueError(
             f"{where}: output_size {_short(size)} makes maps of {area} values, more than the file's largest "
@@ -325,8 +348,8 @@ def _layer_kwargs(where, kind, args, tensors, largest):
         bias = _bool(where, "bias", args["bias"])
         _match_tensors(where, tensors, {"weight": (n_out, n_in)} | ({"bias": (n_out,)} if bias else {}))
         return {"in_features": n_in, "out_features": n_out, "bias": bias}
-    if kind == "Conv2d":
-        return _conv_kwargs(where, args, tensors)
+    if kind.startswith("Conv"):
+        return _conv_kwargs(where, kind, args, tensors)
     if kind == "SelectFeatures":
         count = _int(where, "index", args["index"], 0)
         num_inputs = _int(where, "num_inputs", args["num_inputs"], 1, INT_LIMIT)
@@ -350,10 +373,10 @@ def _layer_kwargs(where, kind, args, tensors, largest):
         eps = _float(where, "eps", args["eps"], 0, None, low_open=True)
         return {"num_features": n, "eps": eps, "momentum": momentum, "affine": affine, "track_running_stats": track}
     _match_tensors(where, tensors, {})  # the other layers hold no tensors
-    if kind in ("MaxPool2d", "AvgPool2d"):
+    if kind.startswith(("MaxPool", "AvgPool")):
         return _pool_kwargs(where, kind, args)
     if kind.startswith("Adaptive"):
-        return _adaptive_kwargs(where, args, largest)
+        return _adaptive_kwargs(where, kind, args, largest)
     if kind == "Flatten":
         return {key: _int(where, key, args[key], *_DIMS) for key in ("start_dim", "end_dim")}
     if kind == "GELU":
@@ -694,7 +717,7 @@ def save_pruned(module, path, metadata=None):
     :param module: the output of :func:`~l0bayes.pruning.prune.prune`: an ``nn.Sequential`` of allow-listed
         layers (or a subclass with ``nn.Sequential``'s ``forward``; it loads back as an ``nn.Sequential``),
         or a model of your own class (a pruned model of :func:`~l0bayes.pruning.sparsify`), whose
-        resized layers must be allow-listed (``nn.Linear``, ``nn.Conv2d``, batch norms, ...); load the
+        resized layers must be allow-listed (``nn.Linear``, ``nn.Conv1d/2d/3d``, batch norms, ...); load the
         latter with ``load_pruned(path, model=YourClass)``.
     :param path: the file to write; its directory must exist.
     :param dict metadata: tensors and plain values (``dict``, ``list``, ``tuple``, ``str``, numbers,

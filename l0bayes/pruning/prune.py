@@ -34,7 +34,7 @@ from ..nn.layers import L0Conv2d, L0Linear
 from ..threads import under_thread_policy
 from .dependency import prune_graph
 from .select import SelectFeatures
-from .sequential import LINEAR, WEIGHT, in_units, leaves, out_units, segments
+from .sequential import LINEAR, PLAIN_CONV, WEIGHT, in_units, leaves, out_units, segments
 from .sparsify import is_sparsified
 from .transformer import is_transformer_gated, prune_transformer
 
@@ -56,7 +56,7 @@ def _at_least_one(mask, within=None):
 
 @torch.no_grad()
 def _dense_copy(layer, keep_in, keep_out):
-    """A plain ``nn.Linear`` / ``nn.Conv2d`` with the Eq. 13 gates folded in and the rows / columns kept."""
+    """A plain ``nn.Linear`` / ``nn.Conv1d/2d/3d`` with the Eq. 13 gates folded in and the rows / columns kept."""
     weight, bias = layer.weight, layer.bias
     if isinstance(layer, L0Linear):
         weight = weight * layer.gate_values()  # gate i scales column i (Eq. 13: theta* = theta~ . z^)
@@ -72,7 +72,7 @@ def _dense_copy(layer, keep_in, keep_out):
             new = nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], **factory)
         else:
             new = nn.utils.skip_init(
-                nn.Conv2d,
+                nn.Conv2d if isinstance(layer, L0Conv2d) else next(c for c in PLAIN_CONV if isinstance(layer, c)),
                 weight.shape[1],
                 weight.shape[0],
                 layer.kernel_size,

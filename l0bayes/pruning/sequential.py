@@ -1,8 +1,8 @@
 """An ``nn.Sequential`` of weight layers cut into segments: the walk of :func:`~l0bayes.pruning.prune` and the FLOPs.
 
 The walk is generic over an :class:`torch.nn.Sequential` (nested ones are flattened) of
-:class:`~l0bayes.nn.L0Linear`, :class:`~l0bayes.nn.L0Conv2d`, ``nn.Linear``, ``nn.Conv2d``
-(``groups=1``), ``nn.Flatten`` and channel-wise layers (activations, pooling, dropout). The network is
+:class:`~l0bayes.nn.L0Linear`, :class:`~l0bayes.nn.L0Conv2d`, ``nn.Linear``, ``nn.Conv1d`` / ``nn.Conv2d`` /
+``nn.Conv3d`` (``groups=1``), ``nn.Flatten`` and channel-wise layers (activations, pooling, dropout). The network is
 cut into *segments*: the tensor flowing from one weight layer (the producer, or the network input)
 through channel-wise layers and at most a flatten into the next weight layer (the consumer, or the
 network output).
@@ -17,6 +17,7 @@ from ..nn.layers import L0Conv2d, L0Linear
 __all__ = [
     "CHANNELWISE",
     "CONV",
+    "PLAIN_CONV",
     "LINEAR",
     "WEIGHT",
     "ZERO_PRESERVING",
@@ -28,7 +29,9 @@ __all__ = [
 ]
 
 LINEAR = (L0Linear, nn.Linear)
-CONV = (L0Conv2d, nn.Conv2d)
+#: The convolutions of torch (not the transposed ones), of every spatial dimension.
+PLAIN_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+CONV = (L0Conv2d, *PLAIN_CONV)
 WEIGHT = LINEAR + CONV
 # Channel-wise layers with f(0) = 0 on a whole map: a zero map stays a zero map.
 ZERO_PRESERVING = (
@@ -42,11 +45,21 @@ ZERO_PRESERVING = (
     nn.Hardtanh,
     nn.Identity,
     nn.Dropout,
+    nn.Dropout1d,
     nn.Dropout2d,
+    nn.Dropout3d,
+    nn.MaxPool1d,
     nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.AvgPool1d,
     nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
     nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d,
     nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d,
 )
 # Channel-wise but f(0) != 0: units pass through unchanged in number, zeros are not zeros after.
 CHANNELWISE = (nn.Sigmoid, nn.Softplus)
@@ -60,14 +73,14 @@ def leaves(module, prefix=""):
             out.extend(leaves(child, f"{prefix}{name}_"))
         return out
     name = prefix[:-1] if prefix else "layer"
-    if isinstance(module, nn.Conv2d) and module.groups != 1:
+    if isinstance(module, PLAIN_CONV) and module.groups != 1:
         raise NotImplementedError(f"{name}: grouped convolutions are not supported")
     if isinstance(module, nn.Flatten) and (module.start_dim != 1 or module.end_dim != -1):
         raise NotImplementedError(f"{name}: only nn.Flatten(start_dim=1, end_dim=-1) is supported")
     if not isinstance(module, WEIGHT + ZERO_PRESERVING + CHANNELWISE + (nn.Flatten,)):
         raise TypeError(
             f"{name}: {type(module).__name__} is not supported; the walk handles an nn.Sequential of "
-            "L0Linear, L0Conv2d, nn.Linear, nn.Conv2d, nn.Flatten and channel-wise activations / pooling / dropout"
+            "L0Linear, L0Conv2d, nn.Linear, nn.Conv1d/2d/3d, nn.Flatten and channel-wise activations, pooling, dropout"
         )
     return [(name, module)]
 

@@ -6,13 +6,14 @@ paper's group choice (Section 2.4, Eq. 12-17 of the docs' mathematics page):
 
 * ``nn.Linear``: one gate per *input neuron*, :math:`y = (x \odot z) W^\top + b`, group size
   ``out_features`` (as :class:`~l0bayes.nn.L0Linear`);
-* ``nn.Conv2d``: one gate per *output channel*. When the convolution's output goes straight into a
-  ``nn.BatchNorm2d``, the gate multiplies the *batch norm's* output,
+* ``nn.Conv1d``, ``nn.Conv2d``, ``nn.Conv3d``: one gate per *output channel*. When the convolution's output
+  goes straight into a batch norm (``nn.BatchNorm1d/2d/3d``), the gate multiplies the *batch norm's* output,
   :math:`y_{:, c} = z_c\,\mathrm{BN}(W \star x)_c`, so that a closed channel is exactly zero after the
   batch norm and can be removed together with the batch norm's channel and the next layer's input
   channel. (The paper's code gates the convolution's output before the batch norm; a closed channel
   then leaves the constant :math:`\beta_c - \gamma_c \mu_c/\sigma_c` and cannot be removed exactly.)
-  Group size ``in_channels / groups * kh * kw``, the convolution weights of one channel;
+  Group size ``in_channels / groups`` times the kernel's taps (``k``, ``kh * kw`` or ``kd * kh * kw``), the
+  convolution weights of one channel;
 * user-named groups (:class:`Group`): one gate per unit along a dimension of the outputs of one or
   several named modules, all multiplied by the *same* draw (e.g. every producer of a residual stream).
 
@@ -35,16 +36,32 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._warnings import warn
 from ..nn.gates import HardConcreteGate
 from ..nn.layers import L0Layer
 
-__all__ = ["GatedLayer", "Group", "GroupGate", "is_sparsified", "sparsify", "strip_gates"]
+__all__ = ["GATED_TYPES", "GatedLayer", "Group", "GroupGate", "is_sparsified", "sparsify", "strip_gates"]
 
-_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+#: The layer types :func:`sparsify` gates.
+GATED_TYPES = (nn.Linear, *_CONVS)
+#: Layers with parameters that need no gate of their own: one scale (and shift) per unit, pruned with the
+#: gated unit they follow.
+_PER_UNIT = (
+    *_BATCH_NORMS,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    getattr(nn, "RMSNorm", nn.LayerNorm),  # (torch >= 2.4)
+    nn.PReLU,
+)
 
 
 class GatedLayer(L0Layer):
-    """The :class:`~l0bayes.nn.L0Layer` interface :func:`sparsify` adds to an ``nn.Linear`` / ``nn.Conv2d``.
+    """The :class:`~l0bayes.nn.L0Layer` interface :func:`sparsify` adds to an ``nn.Linear`` / ``nn.Conv1d/2d/3d``.
 
     Not instantiated directly: :func:`sparsify` sets a layer's class to a subclass of both this and
     the layer's own class. ``self.gate`` holds the gates; ``self.gated_batch_norm`` is the batch norm
@@ -203,14 +220,14 @@ def _probe_forward(module, inputs, handles):
 
 
 def _chosen(model, layers, include, exclude):
-    """``(name, module)`` of the layers to gate: by type (default Linear and Conv2d), name list, patterns."""
+    """``(name, module)`` of the layers to gate: by type (default :data:`GATED_TYPES`), name list, patterns."""
     named = [(n, m) for n, m in model.named_modules() if n]
     if (
         layers is None
         or isinstance(layers, type)
         or (isinstance(layers, tuple) and all(isinstance(t, type) for t in layers))
     ):
-        types = layers or (nn.Linear, nn.Conv2d)
+        types = layers or GATED_TYPES
         picked = [(n, m) for n, m in named if isinstance(m, types)]
     else:
         by_name = dict(named)
@@ -225,9 +242,29 @@ def _chosen(model, layers, include, exclude):
     for n, m in picked:
         if isinstance(m, GatedLayer):
             raise ValueError(f"{n} already has gates")
-        if not isinstance(m, (nn.Linear, nn.Conv2d)):
-            raise TypeError(f"{n}: {type(m).__name__} cannot be gated; sparsify gates nn.Linear and nn.Conv2d")
+        if not isinstance(m, GATED_TYPES):
+            raise TypeError(
+                f"{n}: {type(m).__name__} cannot be gated; sparsify gates nn.Linear and nn.Conv1d, nn.Conv2d, nn.Conv3d"
+            )
     return picked
+
+
+def _warn_ungated(model, picked):
+    """Warn, naming them, about the modules with parameters of their own that sparsify leaves without gates."""
+    chosen = {id(m) for _, m in picked}
+    ungated = [
+        f"{name!r} ({type(m).__name__})" if name else f"the model itself ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if id(m) not in chosen
+        and not isinstance(m, GATED_TYPES + _PER_UNIT + (L0Layer, HardConcreteGate))
+        and any(True for _ in m.parameters(recurse=False))
+    ]
+    if ungated:
+        more = f" and {len(ungated) - 8} more" if len(ungated) > 8 else ""
+        warn(
+            f"sparsify gates nn.Linear and nn.Conv1d/2d/3d layers; these modules have parameters and stay ungated: "
+            f"{', '.join(ungated[:8])}{more} (pass layers= a list of names to choose the layers yourself)"
+        )
 
 
 def _attach(layer, batch_norm, gate_kwargs):
@@ -293,8 +330,12 @@ def sparsify(
     r"""Attach hard concrete gates to the layers of an existing model; returns the gated model.
 
     :param model: any :class:`torch.nn.Module`.
-    :param layers: which layers to gate: a type or tuple of types (default ``(nn.Linear, nn.Conv2d)``,
-        every such layer), or a list of module names.
+    :param layers: which layers to gate: a type or tuple of types (default :data:`GATED_TYPES`:
+        ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``, ``nn.Conv3d``, every such layer), or a list of module names.
+        Chosen by type, the model's other modules with parameters of their own that are not batch norms or
+        other per-unit layers (``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.PReLU``, ...) stay ungated, and a
+        ``UserWarning`` names them (an ``nn.Embedding``, an ``nn.LSTM``, a transposed convolution, a module
+        of your own with an ``nn.Parameter``).
     :param include, exclude: regular expressions (:func:`re.search` on the module name) that further
         keep / drop layers, e.g. ``include=r"conv1$"``.
     :param example_inputs: a tensor (or tuple of tensors) the model accepts; needed when a convolution
@@ -312,7 +353,9 @@ def sparsify(
     picked = _chosen(model, layers, include, exclude)
     if not picked and not groups:
         raise ValueError("no layer was chosen to gate")
-    convs = [m for _, m in picked if isinstance(m, nn.Conv2d)]
+    if layers is None or isinstance(layers, (type, tuple)):
+        _warn_ungated(model, picked)
+    convs = [m for _, m in picked if isinstance(m, _CONVS)]
     if convs and example_inputs is None:
         raise ValueError("gating a convolution needs example_inputs, to find the batch norm that follows it")
     links = _followers(model, convs, example_inputs) if convs else {}
@@ -342,7 +385,7 @@ def _remove_hooks(module, owner):
 @torch.no_grad()
 def _fold_rows(module, z, what):
     """Scale the output units of ``module`` (weight rows and bias) by ``z`` in place."""
-    if isinstance(module, _BATCH_NORMS + (nn.Linear, nn.Conv2d)) and module.weight is not None:
+    if isinstance(module, _BATCH_NORMS + GATED_TYPES) and module.weight is not None:
         module.weight.mul_(z.view(-1, *([1] * (module.weight.dim() - 1))))
         if module.bias is not None:
             module.bias.mul_(z)
