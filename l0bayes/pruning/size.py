@@ -46,7 +46,7 @@ from ..nn.gates import gate_owners, gates_of
 from ..nn.layers import L0Conv2d, L0Linear
 from .counting import _positions, _trace, count_parameters
 from .dependency import structure
-from .sequential import CONV, WEIGHT, in_units, leaves, out_units, segments
+from .sequential import CONV, PLAIN_CONV, WEIGHT, in_units, leaves, out_units, segments
 from .sparsify import GroupGate, is_sparsified
 from .transformer import TransformerSize, is_transformer_gated
 
@@ -302,7 +302,7 @@ class NetworkSize:
         for layer, positions in self.calls:
             if keep is not None and id(layer) not in keep:
                 continue
-            groups = layer.groups if isinstance(layer, nn.Conv2d) else 1
+            groups = layer.groups if isinstance(layer, PLAIN_CONV) else 1
             n_in = self._alive(layer, "in", values, like, exact)
             n_out = self._alive(layer, "out", values, like, exact)
             taps = math.prod(layer.kernel_size) if isinstance(layer, CONV) else 1
