@@ -392,6 +392,38 @@ def test_a_failure_late_in_the_file_leaves_the_model_as_it_was(tmp_path, saved):
         torch.testing.assert_close(fresh(_model("resnet")[1]), _model("resnet")[0](_model("resnet")[1]), atol=0, rtol=0)
 
 
+class _Recurrent(nn.Module):
+    """A model of its own class holding an RNN, whose weights are also listed in a list of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(3, 4, batch_first=True)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+def test_a_failed_load_leaves_an_rnns_list_of_weights_as_it_was(tmp_path):
+    """Loading assigns the GRU's weights, and the GRU also writes them into its list ``_flat_weights``: that list
+    belongs to the copy being loaded, not to the model passed in, until the whole file has fitted."""
+    net = _Recurrent().eval()
+    save_pruned(net, tmp_path / "rnn.pt")
+    state = torch.load(tmp_path / "rnn.pt", weights_only=True)
+    state["state_dict"]["rnn.extra"] = torch.zeros(1)  # found only by strict loading, after the GRU's weights
+    torch.save(state, tmp_path / "tampered.pt")
+    fresh = _Recurrent()
+    before = _snapshot(fresh)
+    with pytest.raises(ValueError, match=r"tampered\.pt': the state dict does not fit .* Unexpected key.*rnn\.extra"):
+        load_pruned(tmp_path / "tampered.pt", model=fresh)
+    _assert_unchanged(fresh, before)
+    assert all(w is getattr(fresh.rnn, n) for w, n in zip(fresh.rnn._flat_weights, fresh.rnn._flat_weights_names))
+    loaded, _ = load_pruned(tmp_path / "rnn.pt", model=_Recurrent)
+    x = torch.randn(2, 5, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), net(x), atol=0, rtol=0)
+
+
 @pytest.mark.parametrize(
     ("tamper", "error", "message"),
     [

@@ -557,14 +557,18 @@ def _fresh(model, model_class):
 
 
 def _twin_tree(model):
-    """A copy of ``model``'s tree of modules sharing its tensors and attributes, but not its dicts of modules,
-    parameters and buffers: changed and loaded, it leaves ``model`` as it was. Returns ``(twin, pairs)``."""
+    """A copy of ``model``'s tree of modules sharing its tensors and attributes, but not its containers (the
+    dicts of modules, parameters and buffers, and any other list, dict or set, such as an RNN's list of its
+    weights): changed and loaded, it leaves ``model`` as it was. Returns ``(twin, pairs)``."""
     pairs = {}
 
     def twin_of(module):
         if id(module) not in pairs:
             twin = copy.copy(module)
             pairs[id(module)] = (module, twin)
+            for key, value in module.__dict__.items():
+                if isinstance(value, (list, dict, set)):
+                    twin.__dict__[key] = copy.copy(value)
             twin.__dict__["_parameters"] = dict(module._parameters)
             twin.__dict__["_buffers"] = dict(module._buffers)
             twin.__dict__["_modules"] = {k: None if m is None else twin_of(m) for k, m in module._modules.items()}
