@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from ..nn.gates import HardConcreteGate
+from ..nn.gates import gate_parameter_ids
 from .sequential import CONV, PLAIN_CONV, WEIGHT, in_units, out_units
 from .sparsify import _probe_forward
 
@@ -21,11 +21,7 @@ def count_parameters(module, include_gates=False):
 
     Buffers (e.g. the index of :class:`~l0bayes.pruning.SelectFeatures`) are not parameters and are not counted.
     """
-    gate_params = set()
-    if not include_gates:
-        for m in module.modules():
-            if isinstance(m, HardConcreteGate):
-                gate_params.update(id(p) for p in m.parameters())
+    gate_params = set() if include_gates else gate_parameter_ids(module)
     return sum(p.numel() for p in module.parameters() if id(p) not in gate_params)
 
 

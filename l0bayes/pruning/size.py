@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from ..nn.density import density_names
-from ..nn.gates import gate_owners, gates_of
+from ..nn.gates import gate_owners, gate_parameter_ids, gates_of
 from ..nn.layers import L0Conv2d, L0Linear
 from .counting import _positions, _trace, count_parameters
 from .dependency import structure
@@ -146,7 +146,7 @@ class NetworkSize:
         owners = gate_owners(net)
         self.gated = [layer for layer, _ in owners]
         self.gates = [gate for _, gate in owners]
-        self._gate_params = {id(p) for g in self.gates for p in g.parameters()}
+        self._gate_params = gate_parameter_ids(net)
         for m in net.modules():
             if self._own_parameters(m):
                 self.modules[id(m)] = m
