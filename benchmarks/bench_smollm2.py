@@ -426,7 +426,11 @@ def method_ours(base, data, args, seed):
     teacher = base  # frozen: never trained, never in an optimiser
     student = copy.deepcopy(base).train()
     gated = sparsify_transformer(
-        student, example_inputs=data["eval"][:1], layers=False, init_drop_rate=args.init_drop_rate, inplace=True
+        student,
+        example_inputs=data["calibration"][0][:1],
+        layers=False,
+        init_drop_rate=args.init_drop_rate,
+        inplace=True,
     )
     total = count_parameters(base)
     blocks = block_sizes(base)[0]
@@ -435,7 +439,7 @@ def method_ours(base, data, args, seed):
     clock = Clock()
     with loss.attach(gated):
         result = train(
-            SparseModel(gated, loss),
+            SparseModel(gated, loss, lam=0.0),  # the constraint, not a code cost, sets the size
             step_batches(data["train"], args, seed),
             objective="constrained",
             target_density=target,
@@ -503,7 +507,7 @@ def method_tp(importance_name):
             model.eval()
         else:
             importance = tp.importance.GroupMagnitudeImportance(p=2)
-        graph = tp.DependencyGraph().build_dependency(model, example_inputs=data["eval"][:1], verbose=False)
+        graph = tp.DependencyGraph().build_dependency(model, example_inputs=data["calibration"][0][:1], verbose=False)
         graph_s, graph_cpu_s = clock.seconds()
         for layer in model.model.layers:
             gate = layer.mlp.gate_proj
@@ -608,7 +612,7 @@ def step_times(base, data, args):
     if args.timing_steps == 0:
         return {}
     dense = copy.deepcopy(base).train()
-    gated = sparsify_transformer(copy.deepcopy(base), example_inputs=data["eval"][:1], layers=False).train()
+    gated = sparsify_transformer(copy.deepcopy(base), example_inputs=data["calibration"][0][:1], layers=False).train()
     model = SparseModel(gated, causal_lm_loss, lam=0.0)
     batch = data["calibration"][0]
     optimizers = {

@@ -61,7 +61,22 @@ class DistillationOutput(NamedTuple):
 
 
 class Distillation:
-    r"""The distillation loss of a student from a frozen ``teacher`` (module docstring), ``loss(output, target)``.
+    r"""The distillation loss of a student from a frozen ``teacher``: ``loss(output, target)``, the mean over the
+    tokens that count of
+
+    .. math::
+
+        \alpha\, T^2\, \mathrm{KL}\big(\mathrm{softmax}(t/T) \,\|\, \mathrm{softmax}(s/T)\big)
+          + (1 - \alpha)\, \mathrm{CE}(s, y) + w \sum_l \|h_s^l - h_t^l\|^2 / d,
+
+    with :math:`s, t` the student's and the teacher's logits, :math:`y` the labels and :math:`h^l` the outputs
+    (:math:`d` features) of the modules named in ``hidden_layers``. A loss of :class:`~l0bayes.models.SparseModel`
+    or :class:`~l0bayes.models.PlainModel`; the student runs inside ``with distillation.attach(student):``, which
+    makes its forward pass run the teacher on the same inputs too (:meth:`attach`)::
+
+        distillation = Distillation(teacher, temperature=2.0, alpha=0.5)
+        with distillation.attach(gated):
+            train(SparseModel(gated, distillation), ids, ids, objective="constrained", target_density=0.5)
 
     :param teacher: the frozen model, e.g. a copy of the dense model taken before
         :func:`~l0bayes.pruning.sparsify_transformer`; it is put in ``eval()`` mode, runs under ``torch.no_grad()``,
