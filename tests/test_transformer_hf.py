@@ -281,7 +281,7 @@ def test_t5_is_refused_with_what_to_do():
 def test_llama_final_cut_keeps_an_attention_branch():
     """A target below what the branches hold: the final cut keeps one attention and one MLP branch of the Llama
     (the constant part alone would be an embedding and a head), unless may_remove_all=True."""
-    from l0bayes.inference.objectives import _fit_groups
+    from l0bayes.inference.objectives.final_phase import fit_groups as _fit_groups
 
     for allowed in (False, True):
         gated = sparsify_transformer(_family("llama"), example_inputs=_ids(), may_remove_all=allowed)

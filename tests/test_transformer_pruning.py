@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from l0bayes.inference import train
-from l0bayes.inference.objectives import ConstrainedObjective, _fit_groups
+from l0bayes.inference.objectives import ConstrainedObjective
+from l0bayes.inference.objectives.final_phase import fit_groups as _fit_groups
 from l0bayes.models import SparseModel
 from l0bayes.nn import gates_of
 from l0bayes.pruning import (

@@ -12,12 +12,12 @@ from .batches import is_iterator
 from .callbacks.base import Callback
 from .compiled import requirement_error
 from .graphed import GRAPH_REQUIREMENT
-from .objectives import DUAL_RESTARTS, FINAL_PHASE, RANK, WAIT
+from .objectives.constrained import DUAL_RESTARTS
+from .objectives.final_phase import FINAL_PHASE, RANK, RANKS, WAIT
 
 __all__ = ["OBJECTIVES", "check_arguments"]
 
 OBJECTIVES = ("bayes", "penalized", "constrained")
-RANKS = ("log_alpha", "norm")  # the constrained objective's ranking of groups (objectives.RANKS)
 
 
 #: The constrained objective's settings and their defaults: other objectives have no use for them.

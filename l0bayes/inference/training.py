@@ -31,7 +31,9 @@ from .data_checks import DataCheck, check_data
 from .distributed import DataParallelContext, seed_everything
 from .graphed import GraphedStep
 from .loop import ACCELERATOR_CHECK_EVERY, FiniteCheck, Run, fit
-from .objectives import DUAL_RESTARTS, FINAL_PHASE, MULTIPLIER_LR_PER_LR, RANK, WAIT, make_objective
+from .objectives import make_objective
+from .objectives.constrained import DUAL_RESTARTS, MULTIPLIER_LR_PER_LR
+from .objectives.final_phase import FINAL_PHASE, RANK, WAIT
 from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr
 from .resume import check_signature, held_out_signature, resume_point, run_signature
 

@@ -1,0 +1,355 @@
+r"""The constrained objective: the data term subject to a target size of the pruned model.
+
+A Lagrangian on the expected fraction of parameters or FLOPs that the pruned model keeps (or, for a
+transformer, on the fractions of a target architecture: :mod:`~l0bayes.inference.objectives.architecture`),
+then a final phase that fixes the gates (:mod:`~l0bayes.inference.objectives.final_phase`).
+"""
+
+import math
+
+import torch
+
+from ..._warnings import warn
+from ...nn.density import density_names
+from ...nn.gates import gate_owners
+from ...pruning.size import network_size
+from .architecture import ArchitectureConstraints
+from .base import Objective, traced_free_energy
+from .final_phase import ARRIVAL, FINAL_PHASE, RANK, RANKS, TRAJECTORY, WAIT, epochs_needed, fit_groups, group_scores
+
+__all__ = ["DUAL_RESTARTS", "MULTIPLIER_LR", "MULTIPLIER_LR_PER_LR", "ConstrainedObjective", "measure_name"]
+
+# Defaults of the constrained objective's Lagrangian, chosen by measurement (benchmarks/RESULTS.md,
+# "Constrained sparsity").
+MULTIPLIER_LR_PER_LR = 3.0  # train(): multiplier_lr = 3 * lr unless given
+MULTIPLIER_LR = 0.03  # 3 * 1e-2, the digits learning rate
+DUAL_RESTARTS = True
+
+
+class ConstrainedObjective(Objective):
+    r"""Minimise the data term subject to the pruned model keeping at most a target fraction of the dense one.
+
+    The fraction is of parameters (``target_density``) or of FLOPs per example (``target_flops``), counted
+    as :func:`~l0bayes.pruning.prune` keeps them: a weight counts only when its input and its output unit
+    both survive, through every layer (:mod:`l0bayes.pruning.size`, ``docs/mathematics.md``,
+    "Constrained sparsity").
+
+    **Phase 1, the Lagrangian**: gradient descent on the model for
+    :math:`\frac1N \text{nll} + \sum_k \mu_k (d_k - \epsilon_k)`, with :math:`d_k` the *expected* fraction
+    under :math:`q` (every unit alive with the product of its gates' :math:`q(z \ne 0)`, Eq. 12) of the whole
+    network or of layer :math:`k`, and projected gradient ascent :math:`\mu_k \leftarrow \max(0, \mu_k +
+    \eta\,(d_k - \epsilon_k))` after every step (``multiplier_lr`` is :math:`\eta`); with ``dual_restarts`` a
+    multiplier returns to zero whenever its constraint holds.
+
+    **Phase 2, the final phase**: the gates are fixed for the last ``final_phase`` of the epochs (from
+    :meth:`final_phase_start`). If the Lagrangian has not arrived by then (an expected fraction more than
+    :data:`ARRIVAL` above its target), ``train()`` warns in one line how many more epochs it needed at its
+    recent pace; with ``arrival`` the gates wait for it instead, until the last epoch at the latest (measured:
+    the same groups are chosen, with fewer epochs left to train them).
+    The groups are ranked (``rank``: ``"log_alpha"``, the order of Eq. 12 and 13, or ``"norm"``,
+    :math:`q(z_g \ne 0)` times the group's weight norm relative to its layer's median) and, greedily in that
+    order, each is kept when the pruned model's fractions still fit within the targets (at least one gate
+    per layer). Kept gates get ``log_alpha = +fixed_log_alpha`` and the others ``-fixed_log_alpha``, so that
+    the training gates are 1 or 0 except with probability below
+    :math:`\sigma(\beta\log(-\gamma/\zeta) - 50) \approx 10^{-21}`, and the Eq. 13 gates are exactly these.
+    The weights then train for the data term alone, with the test-time architecture.
+
+    :param target_density: :math:`\epsilon` in ``(0, 1]``, of parameters: a float, or with ``per_layer`` one
+        per gated layer (of that layer's own parameters).
+    :param target_flops: instead, :math:`\epsilon` of FLOPs per example (needs ``input_shape``, or a model of
+        :func:`~l0bayes.pruning.sparsify`).
+    :param bool per_layer: one constraint (and multiplier) per gated layer instead of one for the network.
+    :param multiplier_lr: :math:`\eta`, the ascent step of the multipliers per training step
+        (:func:`~l0bayes.inference.train` uses ``3 * lr`` unless told otherwise).
+    :param bool dual_restarts: reset a multiplier to zero whenever its constraint is satisfied.
+    :param final_phase: fraction of the epochs (rounded up, at least one epoch when positive) with fixed gates
+        (fewer with ``arrival``, when the Lagrangian arrives late); ``0`` trains on the Lagrangian throughout
+        (the expected fraction then meets the target, the pruned model's need not).
+    :param input_shape: one example's shape (no batch dimension), for FLOPs.
+    :param rank: how the final phase ranks the groups.
+    :param arrival: ``None`` (default) fixes the gates at :meth:`final_phase_start` wherever the Lagrangian
+        is; a number waits until every expected fraction is at most its target plus it (the last epoch at
+        the latest).
+    """
+
+    name = "constrained"
+    fixed_log_alpha = 50.0
+
+    def __init__(
+        self,
+        model,
+        num_data,
+        target_density=None,
+        per_layer=False,
+        multiplier_lr=MULTIPLIER_LR,
+        dual_restarts=DUAL_RESTARTS,
+        final_phase=FINAL_PHASE,
+        target_flops=None,
+        input_shape=None,
+        rank=RANK,
+        arrival=WAIT,
+        target_architecture=None,
+    ):
+        super().__init__(model, num_data)
+        given = [t for t in (target_density, target_flops, target_architecture) if t is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "the constrained objective needs exactly one of target_density (a fraction of the parameters), "
+                "target_flops (a fraction of the FLOPs) and target_architecture (the sizes of every block), got "
+                f"target_density={target_density!r}, target_flops={target_flops!r}, "
+                f"target_architecture={target_architecture!r}"
+            )
+        if rank not in RANKS:
+            raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+        self.what = "parameters" if target_flops is None else "flops"
+        self.target_name = "target_density" if target_flops is None else "target_flops"
+        target = target_density if target_flops is None else target_flops
+        owners = gate_owners(model)
+        self.gates = [gate for _, gate in owners]
+        self.layers = [layer for layer, _ in owners]
+        self.layer_names = density_names(model)
+        self.per_layer = bool(per_layer)
+        self.architecture = None
+        if target_architecture is not None:  # one constraint per block and size named, and one on the blocks
+            if self.per_layer:
+                raise ValueError("per_layer=True: a target_architecture already constrains every block on its own")
+            self.architecture = ArchitectureConstraints(model, target_architecture, self.layers, self.fixed_log_alpha)
+            self.what, self.target_name = "architecture", "target_architecture"
+            target = self.architecture.targets
+        count = len(target) if self.architecture is not None else len(self.gates) if self.per_layer else 1
+        targets = torch.as_tensor(target, dtype=torch.float64).reshape(-1)
+        if targets.numel() == 1:
+            targets = targets.expand(count)
+        if targets.numel() != count:
+            raise ValueError(f"{self.target_name} has {targets.numel()} entries, the model {count} gated layers")
+        if not bool(((targets > 0) & (targets <= 1)).all()):
+            raise ValueError(f"{self.target_name} must lie in (0, 1], got {target!r}")
+        if self.what == "flops" and input_shape is None and not _has_example_inputs(model):
+            raise ValueError("target_flops needs input_shape: the shape of one example, without the batch dimension")
+        self.size = network_size(model, input_shape)
+        self.has_flops = self.size.calls is not None
+        device = self.gates[0].log_alpha.device
+        self.target_values = targets.tolist()  # exact, for the final phase's budget
+        self.targets = targets.to(torch.float32).to(device)
+        self.multiplier_lr = float(multiplier_lr)
+        self.dual_restarts = bool(dual_restarts)
+        self.final_phase = float(final_phase)
+        self.rank = rank
+        self.arrival = None if arrival is None else float(arrival)
+        self.mu = torch.zeros(count, device=device)
+        self.fixed = None  # the kept-gate masks during the final phase
+        self.fixed_at = None  # the epoch (0-based) at which they were fixed
+        self.forced = False  # whether they were fixed at the last epoch without the Lagrangian having arrived
+        self.density_at_fix = None  # the expected fraction(s) when the gates were fixed
+        self.epochs = None  # the number of epochs of the run, from start_epoch
+        self.trajectory = []  # (epoch, expected fractions) at the start of the last few epochs
+
+    def expected(self):
+        """The expected fraction(s) under :math:`q` that the constraints bound: shape ``(1,)`` or ``(L,)`` (with a
+        target architecture: one per constraint, the expected fraction of its gates kept)."""
+        if self.architecture is not None:
+            return self.architecture.expected()
+        return self.size.fraction(self.what, "expected", self.per_layer).reshape(-1)
+
+    def test_time(self, what=None, per_layer=None):
+        """The pruned model's fraction(s) with the Eq. 13 gates (a float, or ``{layer: fraction}``)."""
+        return self.size.fraction(what or self.what, "test", self.per_layer if per_layer is None else per_layer)
+
+    # ------------------------------------------------------------------ phase 1
+    def step(self, x, y):
+        if self.fused:
+            nll, _ = self.model.penalized_loss(x, y, self.num_data)
+        else:
+            nll = traced_free_energy(self.model, x, y, self.num_data).nll
+        violation = self.expected().to(nll.dtype) - self.targets.to(nll.dtype)
+        value = nll / self.num_data + (self.mu.to(nll.dtype) * violation).sum()
+        return nll, value, violation
+
+    @torch.no_grad()
+    def update(self, violation):
+        if self.fixed is not None:
+            self._project()
+            return
+        if self.architecture is not None:  # the gates the target leaves open stay open
+            self.architecture.hold_open()
+        # In place: a step captured as a CUDA graph (l0bayes.inference.graphed) reads this very tensor.
+        violation = violation.to(self.mu.dtype)
+        self.mu.add_(violation, alpha=self.multiplier_lr).clamp_(min=0.0)
+        if self.dual_restarts:
+            self.mu.masked_fill_(violation <= 0, 0.0)
+
+    # ------------------------------------------------------------------ phase 2
+    def final_phase_start(self, epochs):
+        """``epochs - ceil(final_phase * epochs)``: the earliest epoch (0-based) with fixed gates (``None`` for ``0``).
+
+        The gates are fixed there if the Lagrangian has arrived (:data:`ARRIVAL`), else at the first later
+        epoch where it has, and at the last epoch at the latest.
+        """
+        if self.final_phase <= 0 or epochs <= 0:
+            return None
+        return int(epochs) - math.ceil(self.final_phase * int(epochs))
+
+    @property
+    def final_phase_began(self):
+        return self.fixed_at
+
+    def arrived(self, expected):
+        """Whether every expected fraction is at most its target plus ``arrival`` (always, with ``arrival=None``)."""
+        if self.arrival is None:
+            return True
+        return all(d <= t + self.arrival for d, t in zip(expected, self.target_values, strict=True))
+
+    def start_epoch(self, epoch, epochs):
+        self.epochs = int(epochs)
+        start = self.final_phase_start(epochs)
+        if self.fixed is not None:
+            return
+        with torch.no_grad():
+            expected = self.expected().tolist()
+        self.trajectory = [*self.trajectory[-(TRAJECTORY - 1) :], (int(epoch), expected)]
+        if start is None or epoch < start:
+            return
+        if not self.arrived(expected) and epoch < epochs - 1:
+            return  # (only with `arrival`: wait for the Lagrangian)
+        self.density_at_fix = expected
+        self.forced = self.arrival is not None and not self.arrived(expected)
+        if any(d > t + ARRIVAL for d, t in zip(expected, self.target_values, strict=True)):
+            self._warn_not_arrived(epoch, epochs)
+        self.fixed = self.keep_masks()
+        self.fixed_at = int(epoch)
+        with torch.no_grad():
+            self._project()
+
+    def _warn_not_arrived(self, epoch, epochs):
+        """One line: the Lagrangian has not reached the target when the gates are fixed, and what to change."""
+        far = max(zip(self.density_at_fix, self.target_values, strict=True), key=lambda g: g[0] - g[1])
+        d, t = far
+        more = epochs_needed(self.trajectory, self.target_values, ARRIVAL)
+        hint = f"about {more} more epochs" if more is not None else "more epochs"
+        warn(
+            f"constrained: the gates are fixed at epoch {epoch + 1} of {epochs} before the Lagrangian arrived: "
+            f"expected {measure_name(self.what)} {d:.3f} against the target {t:.3f}, so the final phase cuts the "
+            f"difference at once, which costs accuracy: train {hint} (at its recent pace), or raise "
+            "multiplier_lr or the gates' learning rate",
+            UserWarning,
+        )
+
+    @torch.no_grad()
+    def keep_masks(self):
+        """The gates kept in the final phase: greedily by rank, each group that keeps the pruned model within target
+        (with a target architecture: exactly the target's number of top-ranked groups, units and blocks)."""
+        scores = [group_scores(layer, gate, self.rank) for layer, gate in zip(self.layers, self.gates, strict=True)]
+        if self.architecture is not None:
+            return self.architecture.keep_masks(scores)
+        masks = fit_groups(self.size, self.layers, scores, self.what, self.target_values, self.per_layer)
+        values = {id(layer): m.double() for layer, m in zip(self.layers, masks, strict=True)}
+        achieved = self.size.fraction_at(values, self.what, self.per_layer)
+        over = [(a, t) for a, t in zip(achieved, self.target_values, strict=True) if a > t + 1e-12]
+        if over:
+            a, t = max(over, key=lambda g: g[0] - g[1])
+            warn(
+                f"constrained: the target {measure_name(self.what)} {t:.3f} cannot be met: with one group per gated "
+                f"layer the pruned model still keeps {a:.3f} (what no gate can remove: ungated layers, channels that "
+                "enter a residual addition); lower the target's ambition or gate more layers",
+                UserWarning,
+            )
+        return masks
+
+    @torch.no_grad()
+    def finalize_parameters(self):
+        """In the final phase, the fixed gates (an average of parameters would otherwise blur them)."""
+        if self.fixed is not None:
+            self._project()
+        elif self.architecture is not None:
+            self.architecture.hold_open()
+
+    def _project(self):
+        for gate, keep in zip(self.gates, self.fixed, strict=True):
+            value = torch.full_like(gate.log_alpha, -self.fixed_log_alpha)
+            gate.log_alpha.copy_(value.masked_fill_(keep.to(value.device), self.fixed_log_alpha))
+
+    # ------------------------------------------------------------------ record and state
+    @torch.no_grad()
+    def set_multipliers(self, values):
+        """Set the multipliers in place (a captured step keeps reading the same tensor)."""
+        values = torch.as_tensor(values)
+        if values.shape != self.mu.shape:
+            raise ValueError(f"the checkpoint has {values.numel()} multipliers, this run {self.mu.numel()}")
+        self.mu.copy_(values)
+
+    def multipliers(self):
+        return self.mu.clone()
+
+    def record(self):
+        with torch.no_grad():
+            expected = self.expected().tolist()
+        out = {
+            "multipliers": self.mu.tolist(),
+            "constraint": expected,
+            self.target_name: self.architecture.target.as_dict()
+            if self.architecture is not None
+            else _scalar_or_list(self.target_values, self.per_layer),
+            "test_time_density": self.test_time("parameters", False),
+            "test_time_density_per_layer": self.test_time("parameters", True),
+            "gates_fixed": self.fixed is not None,
+            "final_phase_forced": self.forced,
+            "density_at_final_phase": None
+            if self.density_at_fix is None
+            else _scalar_or_list(self.density_at_fix, self.per_layer),
+        }
+        if self.has_flops:
+            out["test_time_flops"] = self.test_time("flops", False)
+            out["test_time_flops_per_layer"] = self.test_time("flops", True)
+        return out
+
+    def state_dict(self):
+        return {
+            "name": self.name,
+            "mu": self.mu.detach().cpu().clone(),
+            "fixed": None if self.fixed is None else [m.cpu().clone() for m in self.fixed],
+            "fixed_at": self.fixed_at,
+            "forced": self.forced,
+            "epochs": self.epochs,
+            "checked_from": None if self.epochs is None else self.final_phase_start(self.epochs),
+            "trajectory": list(self.trajectory),
+            "targets": self.targets.cpu().clone(),
+            "what": self.what,
+            "per_layer": self.per_layer,
+            "density_at_fix": self.density_at_fix,
+        }
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        what = state.get("what", "parameters")
+        if (
+            what != self.what
+            or bool(state["per_layer"]) != self.per_layer
+            or not torch.equal(state["targets"], self.targets.cpu())
+        ):
+            raise ValueError(
+                f"the checkpoint was trained for target {measure_name(what)} {state['targets'].tolist()} "
+                f"(per_layer={bool(state['per_layer'])}), this run asks target {measure_name(self.what)} "
+                f"{self.targets.tolist()} (per_layer={self.per_layer})"
+            )
+        self.set_multipliers(state["mu"])
+        self.fixed = None if state["fixed"] is None else [m.to(self.mu.device) for m in state["fixed"]]
+        self.fixed_at = state.get("fixed_at")  # (absent from checkpoints of earlier versions)
+        self.forced = bool(state.get("forced", False))
+        self.trajectory = [tuple(t) for t in state.get("trajectory", [])]
+        self.density_at_fix = state.get("density_at_fix")  # (absent from checkpoints of earlier versions)
+
+
+def measure_name(what):
+    """The words for what a target of ``what`` (``"parameters"``, ``"flops"`` or ``"architecture"``) bounds."""
+    if what == "architecture":
+        return "fraction of a block's heads, units (or of the blocks) kept"
+    return "density" if what == "parameters" else "FLOPs"
+
+
+def _has_example_inputs(model):
+    net = getattr(model, "net", model)
+    return getattr(net, "_l0_example_inputs", None) is not None
+
+
+def _scalar_or_list(values, per_layer):
+    return values if per_layer else values[0]
