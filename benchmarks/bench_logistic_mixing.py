@@ -108,7 +108,7 @@ def run_millipede(x, y, seed, prior_inclusion, slab_scale, steps):
     import pandas as pd
     from millipede import BernoulliLikelihoodVariableSelector
 
-    from l0bayes.inference.tempered_gibbs import ESS_MIN, RHAT_MAX, _diagnostics
+    from l0bayes.selection.sampler.diagnostics import ESS_MIN, RHAT_MAX, block_diagnostics
 
     p = x.shape[1]
     frame = pd.DataFrame(standardised(x), columns=[f"x{j}" for j in range(p)])
@@ -124,7 +124,7 @@ def run_millipede(x, y, seed, prior_inclusion, slab_scale, steps):
     pip = selector.pip.to_numpy()
     bw, bh = block_sums(weights, values)
     # its one chain's two halves as two chains (R-hat needs two; each is split again, as l0bayes's four are)
-    rhat, _, ess = _diagnostics(bh.reshape(2, -1, p), bw.reshape(2, -1), pip, RELEVANT / 10)
+    rhat, _, ess = block_diagnostics(bh.reshape(2, -1, p), bw.reshape(2, -1), pip, RELEVANT / 10)
     matters = pip >= RELEVANT
     return {
         "wall": wall,
@@ -225,13 +225,13 @@ def table(records, reference=None):
         tb = [r["wall"] for r in by_method[b]]
         lines.append(f"wall-time ratio {b} / {a}: {statistics.mean(tb) / statistics.mean(ta):.2f}")
     if "millipede" in by_method and len(by_method["millipede"]) > 1:  # its seeds as chains of one run
-        from l0bayes.inference.tempered_gibbs import _diagnostics
+        from l0bayes.selection.sampler.diagnostics import block_diagnostics
 
         rs = by_method["millipede"]
         bw = np.stack([np.asarray(r["block_weights"]) for r in rs])
         bh = np.stack([np.asarray(r["block_pips"]) for r in rs])
         pip = (bh.sum((0, 1)) / bw.sum()).clip(0, 1)
-        rhat, _, ess = _diagnostics(bh, bw, pip, RELEVANT / 10)
+        rhat, _, ess = block_diagnostics(bh, bw, pip, RELEVANT / 10)
         matters = pip >= RELEVANT
         lines.append(
             f"millipede's {len(rs)} seeds as chains: max R-hat {np.nanmax(rhat[matters]):.3f}, "

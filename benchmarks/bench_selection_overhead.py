@@ -54,7 +54,10 @@ def import_baseline(tree, name="l0bayes_baseline"):
     shutil.copytree(source, home / name)  # its imports are relative: it runs under any name
     sys.path.insert(0, str(home))
     try:
-        module = importlib.import_module(f"{name}.models.selection")
+        try:
+            module = importlib.import_module(f"{name}.selection.api")
+        except ModuleNotFoundError:  # a tree from before l0bayes.selection: select_variables was in models
+            module = importlib.import_module(f"{name}.models.selection")
     finally:  # its later imports go through the package's own path
         sys.path.remove(str(home))
     return module.select_variables

@@ -348,10 +348,9 @@ def diabetes(markdown):
     from sklearn.datasets import load_diabetes
 
     import l0bayes
-    from l0bayes.analysis import exact_inclusion_probabilities, ols_noise_scale
-    from l0bayes.analysis.importance import gate_importance_check
     from l0bayes.inference import train
     from l0bayes.models import SparseLinearRegression
+    from l0bayes.selection import exact_inclusion_probabilities, gate_importance_check, ols_noise_scale
 
     data = load_diabetes()
     x = torch.tensor(data.data, dtype=torch.float32)

@@ -14,8 +14,9 @@ from above (imports inside functions included), and no imports form a cycle:
 5. ``l0bayes.pruning``: gates on any model, pruning, FLOP counts, safe export of the pruned network;
 6. ``l0bayes.inference``: the objectives, the training loop and its callbacks;
 7. ``l0bayes.analysis``: posterior analysis of trained gates;
-8. ``l0bayes.models``: Pyro models, gated classifiers, variable selection;
-9. ``l0bayes.cli``: the command line.
+8. ``l0bayes.models``: Pyro models, gated classifiers;
+9. ``l0bayes.selection``: variable selection you can check (the fit, the importance check, the exact sampler);
+10. ``l0bayes.cli``: the command line.
 
 Every name has one home, the module that defines it, and is exposed by the package that holds that
 module; ``l0bayes`` itself exposes the few entry points of its ``__all__``.
@@ -29,7 +30,7 @@ __all__ = ["HardConcrete", "StretchedConcrete", "kl_hard_concrete", "select_vari
 
 if TYPE_CHECKING:  # pragma: no cover - for static analysis and documentation tools
     from .distributions import HardConcrete, StretchedConcrete, kl_hard_concrete
-    from .models.selection import select_variables
+    from .selection.api import select_variables
     from .threads import thread_policy
 
 
@@ -39,7 +40,7 @@ def __getattr__(name):
 
         return getattr(distributions, name)
     if name == "select_variables":  # imported on first use: it pulls in Pyro
-        from .models.selection import select_variables
+        from .selection.api import select_variables
 
         return select_variables
     if name == "thread_policy":

@@ -10,7 +10,7 @@ small MLP, the KL of 10^6 gate pairs and notebook 03 ran 13-19x slower (medians 
 The cure the command line uses, ``OMP_WAIT_POLICY=PASSIVE`` (:mod:`l0bayes.cli.threads`), only takes
 effect when set before torch loads, which a library cannot arrange. ``torch.set_num_threads(1)``
 can be set at any time, and one thread has nobody to wait for. So :func:`~l0bayes.inference.train`
-and :func:`~l0bayes.models.select_variables` (both with a ``threads=`` argument),
+and :func:`~l0bayes.selection.select_variables` (both with a ``threads=`` argument),
 :func:`~l0bayes.distributions.kl_hard_concrete` (on batches large enough for torch to run in
 parallel), :func:`~l0bayes.pruning.prune`, :meth:`~l0bayes.pruning.PruneReport.from_model` and
 :func:`~l0bayes.analysis.to_inference_data` run under :func:`thread_policy`, which with the default

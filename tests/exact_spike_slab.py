@@ -1,4 +1,4 @@
-"""Brute-force references for the conjugate spike-and-slab model, independent of l0bayes.analysis.exact.
+"""Brute-force references for the conjugate spike-and-slab model, independent of l0bayes.selection.exact.
 
 * :func:`log_marginal_dense`: ``log N(y; 0, sigma^2 I + tau^2 X_S X_S^T)`` with SciPy's
   n-dimensional multivariate normal (no Woodbury identity, no Cholesky of the small system);

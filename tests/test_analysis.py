@@ -22,13 +22,10 @@ pytest.importorskip("arviz")
 import exact_spike_slab as ref  # noqa: E402
 
 from l0bayes.analysis import (  # noqa: E402
-    exact_inclusion_probabilities,
     gate_layers,
     inclusion_summary,
     layer_summary,
-    log_marginal_likelihood,
     median_probability_model,
-    ols_noise_scale,
     plot_expected_flops,
     plot_expected_gate,
     plot_gate_heatmap,
@@ -39,6 +36,7 @@ from l0bayes.analysis import (  # noqa: E402
 )
 from l0bayes.models import SparseClassifier, SparseLinearRegression, SparseLogisticRegression  # noqa: E402
 from l0bayes.nn import L0MLP, L0LeNet5, architecture  # noqa: E402
+from l0bayes.selection import exact_inclusion_probabilities, log_marginal_likelihood, ols_noise_scale  # noqa: E402
 
 NAMES = ["age", "sex", "bmi", "bp", "s1"]
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1

@@ -83,7 +83,7 @@ def test_fit_variants(tmp_path, capsys, extra):
 def _assert_exact_inclusion(summary, printed):
     """A Bayes regression's probabilities are the exact posterior's of the model its check states (2^10 models on the
     training split), within Monte Carlo error, whatever its gates say; the table shows both."""
-    from l0bayes.analysis import exact_inclusion_probabilities
+    from l0bayes.selection import exact_inclusion_probabilities
 
     check = summary["inclusion_check"]
     assert check["prior_inclusion"] == 0.5 and check["slab_scale"] == 1.0 and check["reliable"]

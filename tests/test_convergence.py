@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from l0bayes.inference.convergence import ess_mean, rank_rhat
+from l0bayes.selection.sampler.convergence import ess_mean, rank_rhat
 
 az = pytest.importorskip("arviz")
 

@@ -455,8 +455,8 @@ def test_missing_settings_are_all_named(tmp_path_factory, examples):
 # ---------------------------------------------------------------------------------------------------- Bayes tables
 def _exact(summary):
     """Exact inclusion probabilities (2^10 models) of the model the summary's check states, on the same split."""
-    from l0bayes.analysis import exact_inclusion_probabilities
     from l0bayes.data import load_dataset
+    from l0bayes.selection import exact_inclusion_probabilities
 
     check = summary["inclusion_check"]
     data = load_dataset("diabetes", seed=0)

@@ -5,7 +5,7 @@ in ``[0, 1]`` that do not depend on what the model says cannot matter. The model
 ``X`` and measures ``slab_scale`` and ``noise_scale`` in units of ``y``: rescaling a column of ``X`` changes
 nothing, and rescaling ``y`` changes nothing when the two scales follow it (the estimated ones do by
 themselves). A power of two changes no bit; any other factor changes them within Monte Carlo error only,
-and they stay those of the exact posterior (:func:`~l0bayes.analysis.exact_inclusion_probabilities`,
+and they stay those of the exact posterior (:func:`~l0bayes.selection.exact_inclusion_probabilities`,
 enumeration). Each property runs twice: a few examples in the default run, many more under ``-m slow``.
 The problems are tiny (``n = 30``, ``p = 4``) and use ``method="variational"`` (the fit and its importance
 check, no sampler) unless the sampler is the point.
@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from l0bayes import select_variables
-from l0bayes.analysis import exact_inclusion_probabilities
+from l0bayes.selection import exact_inclusion_probabilities
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

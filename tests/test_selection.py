@@ -1,7 +1,7 @@
 """l0bayes.select_variables: correct probabilities on small problems, the k-hat diagnostic, clear errors.
 
 References are independent of the code under test: SciPy's dense multivariate normal and brute
-enumeration (tests/exact_spike_slab.py), l0bayes.analysis.exact_inclusion_probabilities (its own
+enumeration (tests/exact_spike_slab.py), l0bayes.selection.exact_inclusion_probabilities (its own
 tests check it against quadrature), enumeration of all 2^p inclusion vectors, and known supports.
 """
 
@@ -17,14 +17,14 @@ from scipy.special import logsumexp
 from sklearn.datasets import load_diabetes
 
 import l0bayes
-from l0bayes.analysis import exact_inclusion_probabilities, ols_noise_scale
-from l0bayes.analysis.importance import (
-    BernoulliMixture,
-    collapsed_log_marginal,
+from l0bayes.selection import (
+    exact_inclusion_probabilities,
+    fit_single_effects,
     gate_importance_check,
     khat_meaning,
+    ols_noise_scale,
 )
-from l0bayes.inference.single_effects import fit_single_effects
+from l0bayes.selection.importance import BernoulliMixture, collapsed_log_marginal
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -457,7 +457,7 @@ def test_overhead_script_times_the_default_beside_the_fit_and_another_tree(tmp_p
         assert out.exists() and len(records) == 1
         assert set(records[0]["seconds"]) == {"auto", "fit", "baseline"} and min(records[0]["seconds"].values()) > 0
         # the baseline's own code ran: its modules are the copy's, not this tree's
-        selection = sys.modules[f"{name}.models.selection"]
+        selection = sys.modules[f"{name}.selection.api"]
         assert Path(selection.__file__).parent.parent.name == name and selection.torch is torch
         assert "auto / baseline" in bso.table(records, markdown=True)
         with pytest.raises(SystemExit, match="already imported"):
@@ -475,7 +475,7 @@ def test_overhead_script_times_the_default_beside_the_fit_and_another_tree(tmp_p
 def test_the_test_of_a_passed_check_weighs_a_gap_against_its_monte_carlo_error(monkeypatch):
     """A move beyond AGREE within twice its MCSE confirms the fit; beyond that the full run answers. The MCSE
     is computed only where some move exceeds AGREE."""
-    from l0bayes.models import selection
+    from l0bayes.selection import mcmc as selection
 
     class Short:  # the short run: its MCSE only on demand
         def __init__(self, mcse):
@@ -492,12 +492,12 @@ def test_the_test_of_a_passed_check_weighs_a_gap_against_its_monte_carlo_error(m
         run = runs.pop(0)
         return {"inclusion": np.array([0.5, 0.9, moved]), "mcse": None, "sampler": run}
 
-    monkeypatch.setattr(selection, "_refine", fake_refine)
+    monkeypatch.setattr(selection, "refine", fake_refine)
     fit = {"inclusion": np.array([0.5, 0.9, 0.1]), "method": "reweighted", "details": {}}
     for moved, mcse, confirmed, asked in [(0.35, 0.05, True, 1), (0.35, 0.01, False, 1), (0.25, 0.0, True, 0)]:
         runs = [Short(np.array([0.0, 0.0, mcse]))]
         run = runs[0]
-        out = selection._verify({**fit, "details": {}}, None, None, "gaussian", {"mcmc_steps": 1250}, 15.0, True)
+        out = selection.verify({**fit, "details": {}}, None, None, "gaussian", {"mcmc_steps": 1250}, 15.0, True)
         assert ("verified" in out["details"]) is confirmed and out["method"] == ("reweighted" if confirmed else "mcmc")
         assert run.asked == asked  # (0.25 - 0.1 = 0.15 <= AGREE: no MCSE needed)
         if not confirmed:
@@ -506,7 +506,7 @@ def test_the_test_of_a_passed_check_weighs_a_gap_against_its_monte_carlo_error(m
 
 def test_a_passed_check_that_the_sampler_contradicts_gives_the_samplers_answer():
     """Pareto k-hat cannot see a mode the fit never proposes: the sampler, run from the fit, decides."""
-    from l0bayes.models import selection
+    from l0bayes.selection import arguments, mcmc
 
     rng = np.random.default_rng(5)
     n, p = 300, 40
@@ -517,13 +517,13 @@ def test_a_passed_check_that_the_sampler_contradicts_gives_the_samplers_answer()
     res = l0bayes.select_variables(x, y, prior_inclusion=0.1, slab_scale=1.0, noise_scale=1.0)
     assert res.method == "reweighted" and res.inclusion_probabilities[[3, 17, 30]].min() > 0.99
     # the same fit with feature 17 forgotten: its check would have passed on what it proposed
-    xs, yc, _, k, _ = selection._standardise(torch.tensor(x), torch.tensor(y), "gaussian")
+    xs, yc, _, k, _ = arguments.standardise(torch.tensor(x), torch.tensor(y), "gaussian")
     scale = math.ldexp(1.0, -k)  # y is divided by 2**k inside, and so are the slab and the noise scale
     opts = {"num_chains": 4, "mcmc_steps": 1250, "generator": torch.Generator().manual_seed(0)}
     wrong = np.array(res.inclusion_probabilities)
     wrong[17] = 0.0
     start = torch.as_tensor(np.clip(wrong, 1e-3, 1 - 1e-3))
     fit = {"inclusion": wrong, "start": start, "hyper": (0.1, scale, scale), "details": {}, "khat": 0.3}
-    out = selection._verify(fit, xs, yc, "gaussian", opts, 15.0, noise_given=True)
+    out = mcmc.verify(fit, xs, yc, "gaussian", opts, 15.0, noise_given=True)
     assert out["method"] == "mcmc" and out["details"]["check_contradicted"]["feature"] == 17
     assert out["inclusion"][17] > 0.9

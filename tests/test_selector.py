@@ -17,7 +17,7 @@ from sklearn.model_selection import GridSearchCV  # noqa: E402
 from sklearn.pipeline import Pipeline  # noqa: E402
 
 import l0bayes  # noqa: E402
-from l0bayes.models import VariableSelector  # noqa: E402
+from l0bayes.selection import VariableSelector  # noqa: E402
 
 FAST = dict(method="variational", num_draws=300)  # the fit and its check, no sampler: fast enough for many fits
 
@@ -38,7 +38,7 @@ def _quiet(fn, *args, **kwargs):
 
 def test_models_import_without_sklearn_and_the_selector_says_what_to_install():
     code = (
-        "import sys, l0bayes.models as m\n"
+        "import sys, l0bayes.selection as m\n"
         "print('sklearn' in sys.modules)\n"  # the selector loads scikit-learn on first use only
         "sys.modules['sklearn'] = None\n"  # as if it were not installed
         "try:\n    m.VariableSelector()\nexcept ImportError as err:\n    print(err)\n"

@@ -1,6 +1,6 @@
 """The weighted tempered Gibbs sampler and the Pólya-Gamma draws, against references that share no code with them.
 
-References: l0bayes.analysis.exact_inclusion_probabilities (enumeration of all 2^p Gaussian models,
+References: l0bayes.selection.exact_inclusion_probabilities (enumeration of all 2^p Gaussian models,
 itself tested against quadrature), adaptive Gauss-Hermite quadrature of the logistic model's
 marginal likelihood (tests/exact_spike_slab.py), the closed-form Pólya-Gamma moments and the
 compiled ``polyagamma`` package. Tolerances come from the sampler's own Monte Carlo standard errors.
@@ -17,9 +17,8 @@ from exact_spike_slab import logistic_inclusion_quadrature
 from scipy.special import expit, logsumexp
 from scipy.stats import ks_2samp
 
-from l0bayes.analysis import exact_inclusion_probabilities
 from l0bayes.distributions.polya_gamma import polya_gamma_mean, sample_polya_gamma
-from l0bayes.inference.tempered_gibbs import TemperedGibbsResult, tempered_gibbs
+from l0bayes.selection import TemperedGibbsResult, exact_inclusion_probabilities, tempered_gibbs
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -105,7 +104,7 @@ def test_gaussian_sampler_matches_enumeration(correlated_gaussian, kernel):
 def test_gram_columns_as_needed_give_the_whole_gram_matrix_answer(correlated_gaussian, monkeypatch):
     """Above FULL_GRAM_MAX features the Gram columns are computed as the chains first need them: the same
     chains (the same random stream, the same decisions), up to rounding."""
-    import l0bayes.inference.tempered_gibbs as tg
+    import l0bayes.selection.sampler.state as tg
 
     x, y, exact = correlated_gaussian
     runs = []
@@ -135,7 +134,7 @@ def test_a_given_gram_matrix_is_read_instead_of_computed(correlated_gaussian):
 
 def test_state_prior_precisions_are_exact_in_float64():
     """The intercept's precision in the always-included slot, 1 / tau^2 in the others, without float32 rounding."""
-    from l0bayes.inference.tempered_gibbs import _State
+    from l0bayes.selection.sampler.state import ChainState as _State
 
     x = torch.randn(20, 5, dtype=torch.float64)
     u = torch.zeros(7, dtype=torch.float64)
@@ -148,7 +147,7 @@ def test_state_prior_precisions_are_exact_in_float64():
 
 def test_the_whole_gram_matrix_only_where_it_pays():
     """X^T X is computed whole up to FULL_GRAM_MAX columns and FULL_GRAM_FLOPS multiply-adds, not beyond."""
-    from l0bayes.inference.tempered_gibbs import FULL_GRAM_FLOPS, FULL_GRAM_MAX, full_gram_pays
+    from l0bayes.selection.sampler.state import FULL_GRAM_FLOPS, FULL_GRAM_MAX, full_gram_pays
 
     assert full_gram_pays(1000, 1000) and full_gram_pays(1, FULL_GRAM_MAX)
     assert not full_gram_pays(1, FULL_GRAM_MAX + 1)
@@ -193,7 +192,7 @@ def test_noise_moves_from_the_whole_gram_matrix_follow_the_same_chains(monkeypat
     """sigma sampled: with the whole Gram matrix the residual sum of squares comes from it in O(k^2) and a new
     sigma reads its Gram rows from the cached matrix; without it both come from X. The same random stream must
     give the same chains up to rounding."""
-    import l0bayes.inference.tempered_gibbs as tg
+    import l0bayes.selection.sampler.state as tg
 
     rng = np.random.default_rng(4)
     x = ar1(80, 9, 0.8, rng)
@@ -214,7 +213,7 @@ def test_noise_moves_from_the_whole_gram_matrix_follow_the_same_chains(monkeypat
 def test_residual_sum_of_squares_from_the_gram_matrix(dtype, exact_fit):
     """The O(k^2) residual sum of squares against ||y - X_gamma b||^2 of the same draw of b, including a model
     that explains y almost exactly (there the expansion cancels and the residual itself is used)."""
-    from l0bayes.inference.tempered_gibbs import _State
+    from l0bayes.selection.sampler.state import ChainState as _State
 
     # exact_fit: R^2 = 1 - 1e-4 (float32) or 1 - 1e-10 (float64), past half the digits of the dtype
     noise = (1e-2 if dtype == torch.float32 else 1e-5) if exact_fit else 1.0
@@ -240,7 +239,7 @@ def test_noise_precision_update_matches_the_closed_form():
     """After a new sigma, A^-1, the Gram rows, q, d and u equal their closed forms at the new precision,
     computed from X directly (numpy): A = X_g^T X_g / sigma^2 + I / tau^2, Gt = X_g^T X / sigma^2,
     q_j = Gt_j^T A^-1 Gt_j, d_j = |x_j|^2 / sigma^2, u = X^T y / sigma^2."""
-    from l0bayes.inference.tempered_gibbs import _State
+    from l0bayes.selection.sampler.state import ChainState as _State
 
     rng = np.random.default_rng(3)
     x = torch.tensor(ar1(40, 7, 0.7, rng))
@@ -285,7 +284,7 @@ def test_one_step_of_warm_up():
 
 def test_gaussian_sampler_with_unknown_noise_matches_enumeration():
     """sigma sampled under p(sigma^2) = 1/sigma^2: against enumeration with sigma^2 integrated out on a grid."""
-    from l0bayes.analysis.exact import log_marginal_likelihood
+    from l0bayes.selection.exact import log_marginal_likelihood
 
     rng = np.random.default_rng(12)
     x = ar1(60, 7, 0.8, rng)

@@ -11,8 +11,8 @@ from l0bayes import HardConcrete, kl_hard_concrete, select_variables
 from l0bayes.distributions import kl as kl_module
 from l0bayes.inference import train
 from l0bayes.models import SparseClassifier
-from l0bayes.models import selection as selection_module
 from l0bayes.nn import L0MLP
+from l0bayes.selection import api as selection_module
 from l0bayes.threads import choose_threads, thread_policy
 
 
@@ -129,7 +129,7 @@ def test_the_kl_of_many_pairs_runs_on_one_thread(user_threads, monkeypatch):
 
 def test_select_variables_runs_under_the_policy(user_threads, monkeypatch):
     seen = []
-    fit = selection_module._select_gaussian
+    fit = selection_module.select_gaussian
 
     def note(*args, **kwargs):
         seen.append(torch.get_num_threads())
@@ -137,7 +137,7 @@ def test_select_variables_runs_under_the_policy(user_threads, monkeypatch):
             raise RuntimeError("stop")
         return fit(*args, **kwargs)
 
-    monkeypatch.setattr(selection_module, "_select_gaussian", note)
+    monkeypatch.setattr(selection_module, "select_gaussian", note)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(60, 5, generator=gen, dtype=torch.float64)
     y = x[:, 0] + 0.5 * torch.randn(60, generator=gen, dtype=torch.float64)

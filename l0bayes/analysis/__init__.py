@@ -10,10 +10,11 @@ when a function needs them, so ``import l0bayes.analysis`` itself is cheap.
 * :func:`plot_hard_concrete` (Fig. 2a), :func:`plot_expected_gate` (Fig. 2b),
   :func:`plot_inclusion_forest`, :func:`plot_gate_heatmap`, :func:`plot_expected_flops` (Fig. 3),
   :func:`plot_head_map` (a transformer's heads, layers by heads).
-* :func:`exact_inclusion_probabilities`: the conjugate spike-and-slab reference by enumeration.
+
+The exact spike-and-slab reference (:func:`~l0bayes.selection.exact_inclusion_probabilities`) and the
+importance check are in :mod:`l0bayes.selection`.
 """
 
-from .exact import ExactSpikeSlab, exact_inclusion_probabilities, log_marginal_likelihood, ols_noise_scale
 from .inference_data import GateLayer, gate_layers, gate_var, gate_variables, to_inference_data
 from .plots import (
     plot_expected_flops,
@@ -33,19 +34,15 @@ from .summary import (
 )
 
 __all__ = [
-    "ExactSpikeSlab",
     "GateLayer",
     "QUANTITIES",
-    "exact_inclusion_probabilities",
     "gate_layers",
     "gate_quantity",
     "gate_var",
     "gate_variables",
     "inclusion_summary",
     "layer_summary",
-    "log_marginal_likelihood",
     "median_probability_model",
-    "ols_noise_scale",
     "plot_expected_flops",
     "plot_expected_gate",
     "plot_gate_heatmap",

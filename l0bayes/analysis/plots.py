@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .._checks import COUNT, NON_NEGATIVE_COUNT, check_args, check_seed
-from .._optional import import_arviz
+from .._optional import figure_axes, import_arviz
 from ..distributions import HardConcrete
 from .inference_data import gate_layers, gate_var
 from .summary import _layer_of, _select, gate_quantity
@@ -25,15 +25,6 @@ from .summary import _layer_of, _select, gate_quantity
 # plot_expected_gate averages over them (0 drew NaN curves, -1 failed in torch's expand).
 HARD_CONCRETE_CHECKS = {"num_samples": NON_NEGATIVE_COUNT}
 EXPECTED_GATE_CHECKS = {"num_samples": COUNT}
-
-
-def _axes(ax, figsize=(5.0, 3.5)):
-    if ax is not None:
-        return ax.figure, ax
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize, layout="constrained")  # no pyplot: no global state, nothing shown
-    return fig, fig.add_subplot()
 
 
 def plot_hard_concrete(
@@ -49,7 +40,7 @@ def plot_hard_concrete(
     """
     check_args("plot_hard_concrete", HARD_CONCRETE_CHECKS, num_samples=num_samples)
     seed = check_seed(seed, "plot_hard_concrete: seed")
-    fig, ax = _axes(ax)
+    fig, ax = figure_axes(ax)
     hc = HardConcrete(torch.tensor(float(log_alpha), dtype=torch.float64), temperature, lower, upper)
     grid = torch.linspace(1e-3, 1 - 1e-3, 400, dtype=torch.float64)
     if show_concrete:
@@ -99,7 +90,7 @@ def plot_expected_gate(log_alpha=None, temperature=0.5, lower=-0.1, upper=1.1, n
     """
     check_args("plot_expected_gate", EXPECTED_GATE_CHECKS, num_samples=num_samples)
     seed = check_seed(seed, "plot_expected_gate: seed")
-    fig, ax = _axes(ax)
+    fig, ax = figure_axes(ax)
     if log_alpha is None:
         log_alpha = torch.linspace(-6, 6, 121, dtype=torch.float64)
     log_alpha = torch.as_tensor(log_alpha, dtype=torch.float64)
@@ -147,7 +138,7 @@ def plot_inclusion_forest(idata, var_names=None, hdi_prob=0.94, threshold=0.5, m
     if len(labels) > max_gates:
         raise ValueError(f"{len(labels)} gates is more than max_gates={max_gates}; choose layers with var_names")
     q, mean, lo, hi = (np.concatenate(a) for a in (q, mean, lo, hi))
-    fig, ax = _axes(ax, figsize=(5.0, 0.9 + 0.22 * len(labels)))
+    fig, ax = figure_axes(ax, figsize=(5.0, 0.9 + 0.22 * len(labels)))
     y = np.arange(len(labels))[::-1]
     ax.hlines(y, lo, hi, color="C0", lw=2, alpha=0.6, label=f"{hdi_prob:.0%} HDI of z")
     ax.plot(mean, y, "x", color="C0", label="E[z]")
@@ -211,7 +202,7 @@ def plot_gate_heatmap(source, layer=None, quantity="prob_nonzero", image_shape=N
     shape = _square(values.shape[0]) if image_shape is None else tuple(image_shape)
     if math.prod(shape) != values.shape[0]:
         raise ValueError(f"image_shape {shape} does not hold {values.shape[0]} gates")
-    fig, ax = _axes(ax, figsize=(4.0, 3.5))
+    fig, ax = figure_axes(ax, figsize=(4.0, 3.5))
     vmin, vmax = (0.0, 1.0) if quantity != "log_alpha" else (None, None)
     im = ax.imshow(values.reshape(shape), cmap=cmap, vmin=vmin, vmax=vmax)
     fig.colorbar(im, ax=ax, shrink=0.85)
@@ -236,7 +227,7 @@ def plot_expected_flops(histories, dense_flops=None, ax=None, key="expected_flop
         runs = {"L0": histories}
     else:
         raise TypeError("histories must be a list of per-epoch dicts or a {label: history} dict")
-    fig, ax = _axes(ax)
+    fig, ax = figure_axes(ax)
     for label, history in runs.items():
         if not history or any(key not in r for r in history):
             raise ValueError(f"history {label!r} has epochs without {key!r}; train with input_shape=...")
@@ -304,7 +295,7 @@ def plot_head_map(model, ax=None, quantity="test_gate", cmap="viridis", annotate
     :returns: ``(fig, ax)``; the title counts the open heads (for ``"prob_nonzero"``, their expected number).
     """
     values, names = head_map(model, quantity)
-    fig, ax = _axes(ax, figsize=(1.2 + 0.6 * values.shape[1], 1.0 + 0.45 * values.shape[0]))
+    fig, ax = figure_axes(ax, figsize=(1.2 + 0.6 * values.shape[1], 1.0 + 0.45 * values.shape[0]))
     im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
     fig.colorbar(im, ax=ax, shrink=0.85)
     ax.set_xticks(range(values.shape[1]), [str(h) for h in range(values.shape[1])])

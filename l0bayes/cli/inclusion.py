@@ -3,15 +3,15 @@ r"""The checked inclusion probabilities of a Bayes regression run (``--model lin
 The mean-field gates of :class:`~l0bayes.models.SparseLinearRegression` commit to one of a group of
 correlated features and can put a feature the posterior includes near 0 (on diabetes, ``sex``). The
 table therefore gives, beside the trained gates' :math:`q(z_j \ne 0)`, the probabilities of
-:func:`~l0bayes.models.select_variables` for the *same* model: prior inclusion probability
+:func:`~l0bayes.selection.select_variables` for the *same* model: prior inclusion probability
 ``--prior-inclusion``, slab :math:`N(0, \tau^2)` with the model's ``prior_scale`` :math:`\tau`
 per standardised feature, and for the linear model the noise standard deviation of the least-squares
-fit on all features; :func:`~l0bayes.models.select_variables` reweights its own fit to the exact
+fit on all features; :func:`~l0bayes.selection.select_variables` reweights its own fit to the exact
 posterior of that model (Pareto :math:`\hat k`) and tests it with an exact sampler. Those checked
 probabilities are the headline ones; each feature's status says whether the gates agree with them.
 
 Units. The command standardises each column with the training split's *population* standard deviation;
-:func:`~l0bayes.models.select_variables` standardises with ``ddof=1``. A coefficient with prior sd
+:func:`~l0bayes.selection.select_variables` standardises with ``ddof=1``. A coefficient with prior sd
 :math:`\tau` per population sd therefore has prior sd :math:`\tau s_j` per ``ddof=1`` sd, :math:`s_j`
 the column's ``ddof=1`` standard deviation in the command's units (:math:`\sqrt{n/(n-1)}` for every
 column of a standardised training split); that is the ``slab_scale`` passed on.
@@ -36,7 +36,7 @@ STATUS_WORDS = {
 def _noise_scale(x, y, model):
     """The noise sd of the check: the least-squares residual sd with every feature (``n > p + 1``), else the
     model's own estimate."""
-    from ..analysis.exact import ols_noise_scale
+    from ..selection import ols_noise_scale
 
     n, p = x.shape
     if n > p + 1:
@@ -46,7 +46,7 @@ def _noise_scale(x, y, model):
 
 
 class _NotRun:
-    """In place of a :class:`~l0bayes.models.selection.SelectionResult` when the check could not run."""
+    """In place of a :class:`~l0bayes.selection.SelectionResult` when the check could not run."""
 
     method = "not run"
     reliable = False
@@ -68,7 +68,7 @@ def check_inclusion(cfg, model, data, y_train, feature_names):
     """
     import numpy as np
 
-    from ..models.selection import select_variables
+    from ..selection import select_variables
 
     start = time.perf_counter()
     x = data.x_train.detach().cpu().double().numpy()

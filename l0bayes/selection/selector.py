@@ -1,9 +1,9 @@
-r"""A scikit-learn feature selector around :func:`~l0bayes.models.selection.select_variables`.
+r"""A scikit-learn feature selector around :func:`~l0bayes.selection.select_variables`.
 
 :class:`VariableSelector` is a ``SelectorMixin`` + ``BaseEstimator``: it works in a ``Pipeline``,
 with ``clone``, ``GridSearchCV`` and ``set_output(transform="pandas")``, on numpy arrays, torch tensors
 and pandas DataFrames (whose column names it keeps). scikit-learn is imported by this module only, and
-:mod:`l0bayes.models` imports this module on first use of the name, so ``import l0bayes.models`` does
+:mod:`l0bayes.selection` imports this module on first use of the name, so ``import l0bayes.selection`` does
 not load scikit-learn (nor the pandas it loads).
 """
 
@@ -12,7 +12,7 @@ import numbers
 import numpy as np
 import torch
 
-from .selection import select_variables
+from .api import select_variables
 
 try:
     from sklearn.base import BaseEstimator
@@ -45,7 +45,7 @@ def _validate_data(estimator, *args, **kwargs):
 class VariableSelector(SelectorMixin, BaseEstimator):
     r"""Keep the features whose posterior inclusion probability exceeds ``threshold``.
 
-    ``fit(X, y)`` runs :func:`~l0bayes.models.selection.select_variables` with this estimator's
+    ``fit(X, y)`` runs :func:`~l0bayes.selection.select_variables` with this estimator's
     parameters, which are that function's own arguments (same names, same defaults, same meaning),
     plus ``threshold``. The default threshold 0.5 keeps the median-probability model.
 
@@ -69,7 +69,7 @@ class VariableSelector(SelectorMixin, BaseEstimator):
     :ivar inclusion_probabilities_: ``(p,)`` numpy, :math:`P(\gamma_j = 1 \mid y)`.
     :ivar diagnostic_: the result's one line on whether to trust them (``SelectionResult.diagnostic``).
     :ivar reliable_: ``True`` when the probabilities come from a passed check or a mixed sampler.
-    :ivar result_: the whole :class:`~l0bayes.models.selection.SelectionResult` (credible sets,
+    :ivar result_: the whole :class:`~l0bayes.selection.SelectionResult` (credible sets,
         coefficients, ``summary()``, ``plot()``).
     :ivar n_features_in_: the number of columns of ``X``.
     :ivar feature_names_in_: the column names, when ``X`` was a DataFrame with string column names.

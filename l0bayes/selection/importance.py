@@ -1,6 +1,6 @@
 r"""Checking inclusion probabilities against the exact collapsed posterior, by Pareto-smoothed importance sampling.
 
-For the conjugate spike-and-slab linear model of :mod:`l0bayes.analysis.exact`
+For the conjugate spike-and-slab linear model of :mod:`l0bayes.selection.exact`
 (:math:`\gamma_j \sim \mathrm{Bernoulli}(\pi_0)`, :math:`b_j \mid \gamma_j = 1 \sim N(0, \tau^2)`,
 :math:`y \mid \gamma, b \sim N(X_\gamma b_\gamma, \sigma^2 I)`, centred data) the coefficients
 integrate out, so the unnormalised posterior of the inclusion indicators is exact for any
@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from .._optional import import_arviz
+from .sampler.state import ChainState, check_gram
 
 KHAT_THRESHOLD = 0.7
 RB_MODELS = 256  # distinct drawn models Rao-Blackwellised at most (the heaviest)
@@ -148,7 +149,7 @@ def collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=None, gram
     :param gram: :math:`X^\top X` (``(p, p)``) where the caller has it: the models' Gram matrices are then
         read from it (``core`` is not needed).
     :returns: ``(S,)`` log marginal likelihoods (the closed form of
-        :func:`~l0bayes.analysis.log_marginal_likelihood`) and ``(S, K)`` conditional posterior
+        :func:`~l0bayes.selection.log_marginal_likelihood`) and ``(S, K)`` conditional posterior
         means :math:`(X_\gamma^\top X_\gamma + \sigma^2/\tau^2 I)^{-1} X_\gamma^\top y`.
     """
     n, p = x.shape
@@ -162,8 +163,6 @@ def collapsed_log_marginal(x, y, index, slab_scale, noise_scale, core=None, gram
     if gram is None:
         gram = _GramCache(x, index, core)
     else:
-        from ..inference.tempered_gibbs import check_gram
-
         gram = _FullGram(check_gram(gram, x))
     for chunk in index.split(CHUNK * 8):
         chol = torch.linalg.cholesky(eye + (t2 / s2) * gram(chunk))
@@ -311,12 +310,12 @@ def importance_check(
     :param core: ``(p,)`` boolean mask of the features drawn one by one (see :class:`BernoulliMixture`).
     :param bool rao_blackwell: estimate each inclusion probability by the weighted mean of its conditional
         :math:`P(\gamma_j = 1 \mid \gamma_{-j}, y)` over the distinct drawn models (exact, from the Schur
-        complements of :mod:`l0bayes.inference.tempered_gibbs`) instead of the weighted mean of the indicator
-        :math:`\gamma_j`: the same limit, a smaller Monte Carlo error, and no exact zeros for the features no
-        draw included (their order then says which come next).
+        complements of :class:`~l0bayes.selection.sampler.state.ChainState`) instead of the weighted mean of the
+        indicator :math:`\gamma_j`: the same limit, a smaller Monte Carlo error, and no exact zeros for the
+        features no draw included (their order then says which come next).
     :param gram: :math:`X^\top X` (``(p, p)``) where the caller has it: the marginal likelihoods read it instead
         of computing products with ``X``, and so do the Rao-Blackwellised probabilities where the sampler's state
-        would compute it (:func:`~l0bayes.inference.tempered_gibbs.full_gram_pays`).
+        would compute it (:func:`~l0bayes.selection.sampler.state.full_gram_pays`).
     :returns: :class:`ImportanceCheck`.
     """
     proposals = torch.as_tensor(proposals, dtype=x.dtype, device=x.device).reshape(-1, x.shape[1])
@@ -338,7 +337,7 @@ def importance_check(
     draws[torch.arange(num_draws, device=x.device)[:, None], index] = True
     if rao_blackwell:
         hyper = (prior_inclusion, slab_scale, noise_scale)
-        inclusion = _conditional_inclusion(x, y, draws[:, :p], weights, *hyper, gram=gram)
+        inclusion = conditional_inclusion(x, y, draws[:, :p], weights, *hyper, gram=gram)
     else:
         inclusion = x.new_zeros(p + 1).index_add_(0, flat, weights[:, None].expand_as(index).flatten())[:p]
         inclusion = inclusion.clamp(0.0, 1.0)  # a sum of normalised weights: above 1 only by rounding
@@ -354,16 +353,23 @@ def importance_check(
     )
 
 
-def _conditional_inclusion(x, y, draws, weights, prior_inclusion, slab_scale, noise_scale, batch=64, gram=None):
+def conditional_inclusion(x, y, draws, weights, prior_inclusion, slab_scale, noise_scale, batch=64, gram=None):
     r"""Rao-Blackwellised inclusion probabilities of weighted draws: :math:`\sum_s w_s P(\gamma_j = 1 \mid
     \gamma^{(s)}_{-j}, y) / \sum_s w_s`.
 
     Each distinct drawn model counts once with its summed weight; the conditionals come in batches from the
     sampler's rank-one state. The heaviest models holding all but :data:`RB_TAIL` of the weight (at most
     :data:`RB_MODELS` of them) are Rao-Blackwellised; the rest of the weight keeps its indicators.
-    """
-    from ..inference.tempered_gibbs import _State
 
+    :param x: ``(n, p)`` tensor, centred; ``y`` ``(n,)``, centred.
+    :param draws: ``(S, p)`` boolean tensor of drawn models.
+    :param weights: ``(S,)`` their normalised importance weights.
+    :param float prior_inclusion: :math:`\pi_0`; ``slab_scale`` :math:`\tau`; ``noise_scale`` :math:`\sigma`.
+    :param int batch: models per batch of the sampler's state
+        (:class:`~l0bayes.selection.sampler.state.ChainState`).
+    :param gram: :math:`X^\top X` where the caller has it.
+    :returns: ``(p,)`` tensor of probabilities in ``[0, 1]``.
+    """
     models, inverse = torch.unique(draws, dim=0, return_inverse=True)
     mass = weights.new_zeros(models.shape[0]).index_add_(0, inverse, weights)
     order = torch.argsort(mass, descending=True)
@@ -374,7 +380,7 @@ def _conditional_inclusion(x, y, draws, weights, prior_inclusion, slab_scale, no
     log_odds = math.log(prior_inclusion) - math.log1p(-prior_inclusion)
     total = (mass[count:, None] * models[count:].to(x.dtype)).sum(0)
     precision = x.new_full((1,), 1.0 / noise_scale**2)
-    state = _State(x, u, 1.0 / slab_scale**2, 1.0, 0, precision, None, 16, gram=gram)  # one state, one Gram cache
+    state = ChainState(x, u, 1.0 / slab_scale**2, 1.0, 0, precision, None, 16, gram=gram)  # one state, one Gram cache
     for start in range(0, count, batch):
         chunk = models[start : min(start + batch, count)]
         state.noise_precision = precision  # start() expands it to the batch
