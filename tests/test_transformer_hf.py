@@ -487,7 +487,8 @@ def test_train_reaches_a_target_architecture_exactly(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # three epochs: the Lagrangian has not arrived when the gates are fixed
         result = train(SparseModel(gated, _next_token_loss), ids, ids, objective="constrained",
-                       target_architecture=target, epochs=3, batch_size=32, lr=0.02, progress=False, device="cpu")  # fmt: skip
+                       target_architecture=target, epochs=3, batch_size=32, lr=0.02, progress=False,
+                       device="cpu")  # fmt: skip
     record = result.history[-1]
     assert record["target_architecture"] == target and record["gates_fixed"]
     assert len(record["constraint"]) == 3 + 3 + 1  # heads and units of each block, and the blocks
@@ -516,7 +517,7 @@ def test_target_architecture_only_with_the_constrained_objective():
     with pytest.raises(ValueError, match="target_architecture=.*only objective='constrained'"):
         train(model, ids, ids, objective="penalized", target_architecture={"intermediate_size": 8}, progress=False)
     with pytest.raises(ValueError, match="needs one of target_density.*target_architecture"):
-        train(model, ids, ids, objective="constrained", target_density=0.5, target_architecture={"intermediate_size": 8},
-              progress=False)  # fmt: skip
+        train(model, ids, ids, objective="constrained", target_density=0.5,
+              target_architecture={"intermediate_size": 8}, progress=False)  # fmt: skip
     with pytest.raises(ValueError, match="num_hidden_layers=2: the blocks have no block gates.*depth=True"):
         train(model, ids, ids, objective="constrained", target_architecture={"num_hidden_layers": 2}, progress=False)

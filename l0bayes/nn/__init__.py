@@ -48,4 +48,3 @@ __all__ = [
     "test_time_gate_density",
     "WideResNet",
 ]
-

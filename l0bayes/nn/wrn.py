@@ -87,4 +87,3 @@ class WideResNet(nn.Module):
         return [
             name for name, m in self.named_modules() if isinstance(m, WideResNetBlock) for name in [f"{name}.conv1"]
         ]
-
