@@ -12,8 +12,8 @@ one process, one thread, ``eval()`` mode, no gradients. ``--state`` times a trai
 ``--deploy`` chooses how both networks are prepared, the dense one and the pruned one alike, before
 both go through ``torch.export`` (save, load) and are timed: ``eager`` as they are (NCHW, batch norms
 separate); ``channels_last`` NHWC weights and input; ``fold`` batch norms folded into the
-convolutions before them (:func:`~l0bayes.pruning.export.fold_batch_norm`) and NHWC
-(:func:`~l0bayes.pruning.export.for_inference`); ``compile`` as ``fold``, then the loaded program is
+convolutions before them (:func:`~l0bayes.pruning.folding.fold_batch_norm`) and NHWC
+(:func:`~l0bayes.pruning.folding.for_inference`); ``compile`` as ``fold``, then the loaded program is
 compiled with ``torch.compile`` (Inductor: C++ kernels that fuse the residual addition, batch norm and
 ReLU into one pass; needs a C++ compiler; the compilation happens in the untimed warm-up call).
 
@@ -39,7 +39,7 @@ from tables import format_table  # noqa: E402
 
 from l0bayes.nn import WideResNet, gates_of  # noqa: E402
 from l0bayes.pruning import flops, l0_wide_resnet, prune  # noqa: E402
-from l0bayes.pruning.export import for_inference  # noqa: E402
+from l0bayes.pruning.folding import for_inference  # noqa: E402
 
 DEPLOY = {
     "eager": lambda m: m.eval(),

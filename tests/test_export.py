@@ -7,7 +7,8 @@ from torch import nn
 from l0bayes.io import CheckpointError, save_checkpoint
 from l0bayes.nn import L0MLP, MLP, L0LeNet5, LeNet5, l0_layers
 from l0bayes.pruning import prune
-from l0bayes.pruning.export import LAYER_TYPES, describe_pruned, load_pruned, save_pruned
+from l0bayes.pruning.describe import LAYER_TYPES, describe_pruned
+from l0bayes.pruning.export import load_pruned, save_pruned
 
 
 def _gated(make, seed=0):

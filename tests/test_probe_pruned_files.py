@@ -32,15 +32,9 @@ from torch import nn
 from l0bayes.io import CheckpointError
 from l0bayes.nn import L0MLP, L0LeNet5
 from l0bayes.pruning import prune
-from l0bayes.pruning.export import (
-    LAYER_TYPES,
-    build_into,
-    build_pruned,
-    describe_modules,
-    describe_pruned,
-    load_pruned,
-    save_pruned,
-)
+from l0bayes.pruning.build import build_into, build_pruned
+from l0bayes.pruning.describe import LAYER_TYPES, describe_modules, describe_pruned
+from l0bayes.pruning.export import load_pruned, save_pruned
 
 #: Examples per property: the default run, and the ``slow`` profile.
 FAST, SLOW = 25, 200

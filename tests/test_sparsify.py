@@ -236,11 +236,11 @@ def test_a_sparsified_model_moved_to_another_device_is_sized_and_pruned_there(de
 
 
 def test_on_device_of_moves_tensors_to_the_parameters_device():
-    from l0bayes.pruning.sparsify import _on_device_of
+    from l0bayes.pruning.hooks import on_device_of
 
-    moved = _on_device_of(nn.Linear(2, 2, device="meta"), (torch.zeros(1, 2), 3))
+    moved = on_device_of(nn.Linear(2, 2, device="meta"), (torch.zeros(1, 2), 3))
     assert moved[0].device.type == "meta" and moved[1] == 3
-    assert _on_device_of(nn.ReLU(), (torch.zeros(1),))[0].device.type == "cpu"
+    assert on_device_of(nn.ReLU(), (torch.zeros(1),))[0].device.type == "cpu"
 
 
 def test_prune_keeps_channels_that_enter_a_residual_addition():
@@ -465,7 +465,7 @@ def test_wrn_experiment_sgd_schedule(tmp_path):
 
 
 def test_fold_batch_norm_equals_the_eval_model():
-    from l0bayes.pruning.export import fold_batch_norm, for_inference
+    from l0bayes.pruning.folding import fold_batch_norm, for_inference
 
     for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
         torch.manual_seed(0)
@@ -492,7 +492,7 @@ def test_fold_batch_norm_written_out():
     """One conv + bn: s = gamma / sqrt(var + eps), W' = s W, b' = s (b - mean) + beta, by hand in NumPy."""
     import numpy as np
 
-    from l0bayes.pruning.export import fold_batch_norm
+    from l0bayes.pruning.folding import fold_batch_norm
 
     torch.manual_seed(1)
     net = nn.Sequential(nn.Conv2d(2, 3, 3, bias=True), nn.BatchNorm2d(3, eps=1e-3))
@@ -508,7 +508,7 @@ def test_fold_batch_norm_written_out():
 
 
 def test_fold_batch_norm_leaves_a_convolution_used_twice():
-    from l0bayes.pruning.export import fold_batch_norm
+    from l0bayes.pruning.folding import fold_batch_norm
 
     class Twice(nn.Module):
         def __init__(self):

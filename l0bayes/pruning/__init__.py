@@ -12,11 +12,13 @@
   :func:`expected_flops_fraction` and :func:`test_time_flops_fraction`: what the pruned model keeps,
   counted as :func:`prune` removes (:mod:`~l0bayes.pruning.size`), in expectation under :math:`q` and at test time.
 * :func:`save_pruned` / :func:`load_pruned`: a pruned network as tensors and a list of layers, loaded
-  without running code; :func:`for_inference` prepares it for CPU inference.
+  without running code (:mod:`~l0bayes.pruning.export`; the list: :mod:`~l0bayes.pruning.describe`);
+  :func:`for_inference` prepares it for CPU inference (:mod:`~l0bayes.pruning.folding`).
 """
 
 from .counting import count_parameters, flops
-from .export import fold_batch_norm, for_inference, load_pruned, save_pruned
+from .export import load_pruned, save_pruned
+from .folding import fold_batch_norm, for_inference
 from .prune import prune
 from .report import PruneReport
 from .select import SelectFeatures

@@ -10,10 +10,10 @@ import math
 import torch
 
 from ..nn.gates import gate_parameter_ids
+from .hooks import probe_forward
 from .sequential import CONV, PLAIN_CONV, WEIGHT, in_units, out_units
-from .sparsify import _probe_forward
 
-__all__ = ["count_parameters", "flops"]
+__all__ = ["count_parameters", "flops", "layer_flops", "output_positions", "weight_layer_calls"]
 
 
 def count_parameters(module, include_gates=False):
@@ -25,8 +25,13 @@ def count_parameters(module, include_gates=False):
     return sum(p.numel() for p in module.parameters() if id(p) not in gate_params)
 
 
-def _layer_flops(layer, n_in, n_out, positions):
-    """``2 * multiply-adds + bias adds`` of one layer with ``n_in`` / ``n_out`` active units."""
+def layer_flops(layer, n_in, n_out, positions):
+    """``2 * multiply-adds + bias adds`` of one call of a weight layer with ``n_in`` / ``n_out`` active units.
+
+    :param layer: an ``nn.Linear`` or convolution (plain or L0); its kernel's taps and its bias count.
+    :param n_in: the input units one output unit reads (a grouped convolution's ``in_channels / groups``).
+    :param positions: the output positions per example (:func:`output_positions`).
+    """
     taps = math.prod(layer.kernel_size) if isinstance(layer, CONV) else 1
     flops = 2 * n_in * taps * n_out * positions
     if layer.bias is not None:
@@ -34,8 +39,12 @@ def _layer_flops(layer, n_in, n_out, positions):
     return flops
 
 
-def _trace(module, input_shape):
-    """``[(layer, output shape without batch)]`` for every call of a weight layer, from one eval forward."""
+def weight_layer_calls(module, input_shape):
+    """``[(layer, output shape without batch)]`` for every call of a weight layer of ``module``, in call order.
+
+    From one ``eval()``, no-grad forward of a zero example of shape ``input_shape`` (no batch dimension), with
+    the dtype and on the device of ``module``'s parameters.
+    """
     shape = (int(input_shape),) if isinstance(input_shape, int) else tuple(int(s) for s in input_shape)
     calls = []
     hooks = [
@@ -45,11 +54,11 @@ def _trace(module, input_shape):
     ]
     p = next(module.parameters(), None)
     x = torch.zeros((1, *shape), dtype=p.dtype if p is not None else None, device=p.device if p is not None else None)
-    _probe_forward(module, (x,), hooks)
+    probe_forward(module, (x,), hooks)
     return calls
 
 
-def _positions(layer, out_shape):
+def output_positions(layer, out_shape):
     """Output positions per example: ``L``, ``H * W`` or ``D * H * W`` for a conv (its output after the channels),
     the leading dims for a linear layer (1 for 2-d input)."""
     return math.prod(out_shape[1:]) if isinstance(layer, CONV) else math.prod(out_shape[:-1])
@@ -67,7 +76,7 @@ def flops(module, input_shape):
     as its dense counterpart (all groups present) and a pruned one as its smaller layers. Returns an ``int``.
     """
     total = 0
-    for layer, out_shape in _trace(module, input_shape):
+    for layer, out_shape in weight_layer_calls(module, input_shape):
         n_in = in_units(layer) // (layer.groups if isinstance(layer, PLAIN_CONV) else 1)
-        total += _layer_flops(layer, n_in, out_units(layer), _positions(layer, out_shape))
+        total += layer_flops(layer, n_in, out_units(layer), output_positions(layer, out_shape))
     return int(total)

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .hooks import on_device_of
 from .select import SelectFeatures
-from .sparsify import GatedLayer, GroupGate, _on_device_of, strip_gates
+from .sparsify import GatedLayer, GroupGate, strip_gates
 
 _ZERO_PRESERVING = {
     "Relu",
@@ -185,7 +186,7 @@ def structure(model, example_inputs):
     ``model``. ``None`` where the rules of the module docstring forbid removing the units.
     """
     plain = strip_gates(model).eval()
-    graph = _graph(plain, _on_device_of(plain, example_inputs))
+    graph = _graph(plain, on_device_of(plain, example_inputs))
     modules = dict(plain.named_modules())
     names = {id(m): n for n, m in modules.items()}
     out = []
@@ -265,7 +266,7 @@ def _removal(plain, unit, idxs, example_inputs):
 def prune_graph(model, example_inputs):
     """The residual-aware :func:`~l0bayes.pruning.prune` of a sparsified ``model`` (see the module docstring)."""
     plain = strip_gates(model).eval()
-    example_inputs = _on_device_of(plain, example_inputs)
+    example_inputs = on_device_of(plain, example_inputs)
     probe = _probe(example_inputs)
     reference = _output64(plain, probe)
     tracker = _InputTracker(plain)

@@ -44,7 +44,7 @@ from torch import nn
 from ..nn.density import density_names
 from ..nn.gates import gate_owners, gate_parameter_ids, gates_of
 from ..nn.layers import L0Conv2d, L0Linear
-from .counting import _positions, _trace, count_parameters
+from .counting import count_parameters, output_positions, weight_layer_calls
 from .dependency import structure
 from .sequential import CONV, PLAIN_CONV, WEIGHT, in_units, leaves, out_units, segments
 from .sparsify import GroupGate, is_sparsified
@@ -180,7 +180,10 @@ class NetworkSize:
             self.input_shape = (
                 (int(input_shape),) if isinstance(input_shape, int) else tuple(int(s) for s in input_shape)
             )
-            self.calls = [(layer, _positions(layer, out_shape)) for layer, out_shape in _trace(net, self.input_shape)]
+            self.calls = [
+                (layer, output_positions(layer, out_shape))
+                for layer, out_shape in weight_layer_calls(net, self.input_shape)
+            ]
             self.dense_flops = float(self._flops_of(self._values(None), exact=True))
 
     # ------------------------------------------------------------------ structure

@@ -39,6 +39,7 @@ from torch import nn
 from .._warnings import warn
 from ..nn.gates import HardConcreteGate
 from ..nn.layers import L0Layer
+from .hooks import as_input_tuple, probe_forward, remove_hooks
 
 __all__ = ["GATED_TYPES", "GatedLayer", "Group", "GroupGate", "is_sparsified", "sparsify", "strip_gates"]
 
@@ -170,10 +171,6 @@ class GroupGate(L0Layer):
         return total
 
 
-def _as_tuple(example_inputs):
-    return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-
-
 def _followers(model, convs, example_inputs):
     """``{conv: batch norm}`` for every conv in ``convs`` whose output goes straight into a batch norm."""
     outputs, links, handles = {}, {}, []
@@ -188,35 +185,8 @@ def _followers(model, convs, example_inputs):
 
     handles += [conv.register_forward_hook(after_conv) for conv in convs]
     handles += [m.register_forward_pre_hook(before_bn) for m in model.modules() if isinstance(m, _BATCH_NORMS)]
-    _probe_forward(model, _as_tuple(example_inputs), handles)
+    probe_forward(model, as_input_tuple(example_inputs), handles)
     return links
-
-
-def _on_device_of(module, inputs):
-    """``inputs`` (a tuple) on the device of ``module``'s parameters: example inputs are kept as given, often on
-    the CPU, while the model may have moved to an accelerator since."""
-    device = next((p.device for p in module.parameters()), None)
-    if device is None:
-        return tuple(inputs)
-    return tuple(t.to(device) if torch.is_tensor(t) else t for t in inputs)
-
-
-def _probe_forward(module, inputs, handles):
-    """One ``eval()``, no-grad forward of ``module`` on ``inputs`` (a tuple, moved to the module's device) for
-    the hooks behind ``handles``.
-
-    The hooks are removed and every submodule's training flag restored afterwards, even when the forward raises.
-    """
-    training = [(m, m.training) for m in module.modules()]
-    try:
-        module.eval()
-        with torch.no_grad():
-            module(*_on_device_of(module, inputs))
-    finally:
-        for h in handles:
-            h.remove()
-        for m, mode in training:
-            m.training = mode
 
 
 def _chosen(model, layers, include, exclude):
@@ -365,7 +335,7 @@ def sparsify(
         _attach_group(model, name, group, gate_kwargs)
     if example_inputs is not None:
         object.__setattr__(
-            model, "_l0_example_inputs", tuple(t[:1].detach().clone() for t in _as_tuple(example_inputs))
+            model, "_l0_example_inputs", tuple(t[:1].detach().clone() for t in as_input_tuple(example_inputs))
         )
     return model
 
@@ -373,13 +343,6 @@ def sparsify(
 def is_sparsified(module):
     """Whether ``module`` holds gates attached by :func:`sparsify` (gated layers or groups)."""
     return any(isinstance(m, (GatedLayer, GroupGate)) for m in module.modules())
-
-
-def _remove_hooks(module, owner):
-    """Remove the hooks of ``module`` that are methods of ``owner``."""
-    for hooks in (module._forward_hooks, module._forward_pre_hooks):
-        for key in [k for k, h in hooks.items() if getattr(h, "__self__", None) is owner]:
-            del hooks[key]
 
 
 @torch.no_grad()
@@ -410,11 +373,11 @@ def strip_gates(model):
             continue
         z = layer.gate.deterministic()
         if layer.gates_inputs:
-            _remove_hooks(layer, layer)
+            remove_hooks(layer, layer)
             layer.weight.mul_(z)
         else:
             target = layer.gated_batch_norm if layer.gated_batch_norm is not None else layer
-            _remove_hooks(target, layer)
+            remove_hooks(target, layer)
             _fold_rows(target, z, name)
             if "gated_batch_norm" in layer.__dict__:
                 object.__delattr__(layer, "gated_batch_norm")
@@ -424,7 +387,7 @@ def strip_gates(model):
         for key, holder in plain.l0_groups.items():
             z = holder.gate.deterministic()
             for module in holder._modules_gated:
-                _remove_hooks(module, holder)
+                remove_hooks(module, holder)
                 if holder.dim != 1 and not isinstance(module, nn.Linear):
                     raise NotImplementedError(f"group {key!r}: folding gates along dim {holder.dim}")
                 _fold_rows(module, z, f"group {key!r}")

@@ -5,7 +5,8 @@ import copy
 import torch
 from torch import nn
 
-from ..sparsify import _as_tuple, _probe_forward, is_sparsified
+from ..hooks import as_input_tuple, probe_forward
+from ..sparsify import is_sparsified
 from .attention import ZeroBranch, _ExplicitMultiheadAttention, _GatedTransformerEncoderLayer
 from .blocks import (
     ATTENTION_NAMES,
@@ -122,7 +123,7 @@ def _check_example_inputs(example_inputs):
     """``example_inputs`` as a tuple of tensors, each with a batch dimension of at least one example."""
     if example_inputs is None:
         raise ValueError("sparsify_transformer needs example_inputs (a batch the model accepts, e.g. token ids)")
-    inputs = _as_tuple(example_inputs)
+    inputs = as_input_tuple(example_inputs)
     if not inputs:
         raise ValueError("example_inputs is an empty tuple; give a batch the model accepts, e.g. token ids")
     for i, t in enumerate(inputs):
@@ -178,7 +179,7 @@ def _probe_outputs(model, resolved, inputs, layers):
         watched[owner] = r
     handles = [model.get_submodule(n).register_forward_hook(hook(n)) for n in watched]
     try:
-        _probe_forward(model, inputs, handles)
+        probe_forward(model, inputs, handles)
     except (RuntimeError, TypeError, ValueError, IndexError, AttributeError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         shapes = [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in inputs]
@@ -320,7 +321,7 @@ def _probe_removable(model, resolved, inputs):
     if not handles:
         return
     try:
-        _probe_forward(model, inputs, handles)
+        probe_forward(model, inputs, handles)
     except (RuntimeError, TypeError, ValueError, IndexError, AttributeError):
         return  # the model does not run with its branches zeroed: no block is removed
     for r in resolved:

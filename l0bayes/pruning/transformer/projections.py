@@ -9,7 +9,7 @@ import copy
 
 from torch import nn
 
-from ..counting import _layer_flops
+from ..counting import layer_flops
 
 
 def is_conv1d(module):
@@ -65,4 +65,4 @@ def like(module, weight, bias):
 
 def flops(module):
     """FLOPs of one call at one position, as :func:`~l0bayes.pruning.flops` counts: ``2 * in * out + out``."""
-    return _layer_flops(module, *features(module), 1)
+    return layer_flops(module, *features(module), 1)

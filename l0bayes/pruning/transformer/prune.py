@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..sparsify import _as_tuple, _on_device_of, _remove_hooks
+from ..hooks import as_input_tuple, on_device_of, remove_hooks
 from .attach import is_transformer_gated
 from .attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
 from .blocks import _attentions, _set
@@ -149,7 +149,7 @@ def _strip_hooks(plain):
     holders = [m for m in plain.modules() if isinstance(m, _TransformerGate)]
     for m in plain.modules():
         for holder in holders:
-            _remove_hooks(m, holder)
+            remove_hooks(m, holder)
 
 
 @torch.no_grad()
@@ -174,7 +174,7 @@ def prune_transformer(model, example_inputs=None):
     """
     if not is_transformer_gated(model):
         raise ValueError("prune_transformer needs a model of sparsify_transformer()")
-    example_inputs = _as_tuple(example_inputs if example_inputs is not None else model._l0_example_inputs)
+    example_inputs = as_input_tuple(example_inputs if example_inputs is not None else model._l0_example_inputs)
     plain = copy.deepcopy(model).eval()
     _strip_hooks(plain)
     resolved = plain._l0_transformer
@@ -290,7 +290,7 @@ def _flat(output):
 def _check_equal(model, plain, example_inputs):
     probe = tuple(
         t.repeat(2, *([1] * (t.dim() - 1))).double() if t.is_floating_point() else t.repeat(2, *([1] * (t.dim() - 1)))
-        for t in _on_device_of(model, example_inputs)
+        for t in on_device_of(model, example_inputs)
     )
     gated64 = copy.deepcopy(model).double().eval()
     plain64 = copy.deepcopy(plain).double().eval()

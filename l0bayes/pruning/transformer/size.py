@@ -8,7 +8,7 @@ from torch import nn
 from ...nn.density import density_names
 from ...nn.gates import gate_owners, gate_parameter_ids
 from ..counting import count_parameters
-from ..sparsify import _as_tuple, _probe_forward
+from ..hooks import as_input_tuple, probe_forward
 from .attach import is_transformer_gated
 from .blocks import _attention_modules, _attentions, _head_groups, _mlp_modules, _own_parameters, _unit_groups
 from .projections import features, is_projection
@@ -44,8 +44,8 @@ def _linear_calls(module, example_inputs):
         if isinstance(m, nn.MultiheadAttention):
             hooks.append(m.register_forward_hook(mha_hook, with_kwargs=True))
             hooks.append(m.out_proj.register_forward_hook(linear_hook))
-    inputs = _as_tuple(example_inputs)
-    _probe_forward(module, inputs, hooks)
+    inputs = as_input_tuple(example_inputs)
+    probe_forward(module, inputs, hooks)
     return calls, _tokens(inputs)
 
 
