@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -129,11 +130,27 @@ MATH_STATE = r"""(async () => {
 
 # Material's instant navigation (feature `navigation.instant`) fetches the next page, swaps its
 # content into the current document and emits `document$`; the same, for the page at URL.
-SWAP_TO = """(async (url) => {
+# Started without awaiting it in the evaluation (some Chromium builds collect a promise held only by the
+# protocol's awaitPromise while it fetches: "Promise was collected"); _swap polls for its end.
+SWAP_TO = """window.__l0bayes_swap = "running";
+(async (url) => {
   const fresh = new DOMParser().parseFromString(await (await fetch(url)).text(), "text/html");
   document.querySelector("article").replaceWith(document.adoptNode(fresh.querySelector("article")));
   document$.next(document);
-})(%s)"""
+})(%s).then(() => { window.__l0bayes_swap = "done"; }, (e) => { window.__l0bayes_swap = "failed: " + e; });
+0"""
+
+
+def _swap(browser, url):
+    """Swap the page's article for ``url``'s as Material's instant navigation does, and wait for it."""
+    browser.evaluate(SWAP_TO % json.dumps(url))
+    for _ in range(600):
+        state = browser.evaluate("window.__l0bayes_swap")
+        if state != "running":
+            assert state == "done", state
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the swap to {url} did not finish in 30 s")
 
 
 def _ink(png):
@@ -188,7 +205,7 @@ def test_mathematics_page_renders_offline_in_chromium(site, tmp_path):
             browser.open(base + "mathematics/")
             assert _check_rendered(browser, "http://")["formulas"] == formulas
             for page in ("getting-started/", "mathematics/"):
-                browser.evaluate(SWAP_TO % json.dumps(base + page))
+                _swap(browser, base + page)
                 _check_rendered(browser, f"swapped to {page}")
     finally:
         server.shutdown()
