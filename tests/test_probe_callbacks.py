@@ -572,6 +572,29 @@ def test_validation_data_that_cannot_be_evaluated_is_refused_by_name(examples):
         "labels out of range": ((xv, yv + 3), ValueError, r"^validation_data\[1\]: class labels must lie in \[0, 3\)"),
         "fewer labels": ((xv, yv[:4]), ValueError, r"^validation_data\[0\] has 6 rows but validation_data\[1\] has 4"),
         "NaN": ((xv * math.nan, yv), ValueError, r"^validation_data\[0\] contains NaN or infinite values$"),
+        "numpy arrays": (
+            (xv.numpy(), yv.numpy()),
+            TypeError,
+            r"^validation_data must be a pair \(x, y\) of torch tensors \(as x and y\), got \(ndarray, ndarray\)",
+        ),
+        "a string": ("val", TypeError, r"^validation_data must be a pair .* got str$"),
+        "a dict": ({"x": xv, "y": yv}, TypeError, r"^validation_data must be a pair .* got dict$"),
+        "a bad third batch": (
+            [(xv[:2], yv[:2]), (xv[2:4], yv[2:4]), (xv[4:, :3], yv[4:])],
+            ValueError,
+            r"^the x of batch 3 of validation_data has 3 features, but layer fc1 \(L0Linear\) takes in_features=4$",
+        ),
+        "numpy batches": (
+            [(xv.numpy(), yv.numpy())],
+            TypeError,
+            r"^the x of batch 1 of validation_data and the y of batch 1 of validation_data must be torch tensors",
+        ),
+        "labels out of range in a batch": (
+            [(xv[:3], yv[:3]), (xv[3:], yv[3:] + 3)],
+            ValueError,
+            r"^the y of batch 2 of validation_data: class labels must lie in \[0, 3\)",
+        ),
+        "a batch that is no pair": ([(xv, yv, yv)], TypeError, r"^batch 1 of validation_data must be a pair \(x, y\)"),
     }
 
     @_profile(examples)
@@ -585,6 +608,37 @@ def test_validation_data_that_cannot_be_evaluated_is_refused_by_name(examples):
             _fit(_model("classifier"), x, y, validation_data=data, **extra)
 
     prop()
+
+
+@pytest.mark.parametrize("name", ["test_data", "validation_data"])
+def test_a_bad_held_out_batch_is_checked_like_a_training_batch_and_named(name):
+    x, y = _data("classifier", 8)
+    xv, yv = _data("classifier", 6, seed=1)
+    bad = [(xv[:2], yv[:2]), (xv[2:4], yv[2:4]), (xv[4:].double(), yv[4:])]
+    with pytest.raises(TypeError, match=rf"^the x of batch 3 of {name} has dtype torch.float64 but the model's"):
+        _fit(_model("classifier"), x, y, **{name: bad})
+    with pytest.raises(TypeError, match=rf"^{name} must be a pair \(x, y\) of torch tensors .*got \(ndarray, ndarray"):
+        _fit(_model("classifier"), x, y, **{name: (xv.numpy(), yv.numpy())})
+    with pytest.raises(TypeError, match=rf"^{name} must be a pair \(x, y\) of tensors or an iterable .* got str$"):
+        _fit(_model("classifier"), x, y, **{name: "val"})
+    # a good DataLoader: int32 labels are used as int64, as for training batches
+    loader = DataLoader(TensorDataset(xv, yv.int()), batch_size=4)
+    record = _fit(_model("classifier"), x, y, **{name: loader}).history[-1]
+    assert record[name.replace("_data", "_error")] is not None
+
+
+@pytest.mark.parametrize(
+    ("log_dir", "error", "message"),
+    [
+        (None, TypeError, r"^TensorBoard: log_dir must be a path \(a str or os.PathLike\), got NoneType$"),
+        (5, TypeError, r"^TensorBoard: log_dir must be a path \(a str or os.PathLike\), got int$"),
+        (b"runs", TypeError, r"^TensorBoard: log_dir must be a path \(a str or os.PathLike\), got bytes$"),
+        ("", ValueError, r"^TensorBoard: log_dir must name a directory, got the empty path ''$"),
+    ],
+)
+def test_tensorboard_log_dir_must_be_a_path(log_dir, error, message):
+    with pytest.raises(error, match=message):
+        TensorBoard(log_dir)
 
 
 def test_early_stopping_on_validation_data_restores_the_best_validated_parameters():

@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset
 
 from l0bayes.inference import train
 from l0bayes.inference.callbacks import Callback, EarlyStopping
-from l0bayes.models import SparseClassifier, SparseModel
+from l0bayes.models import PlainModel, SparseClassifier, SparseModel
 from l0bayes.nn import L0MLP
 
 #: Examples per property: the default run, and the ``slow`` profile.
@@ -190,9 +190,15 @@ def test_an_iterable_trains_each_batch_once_per_epoch_or_names_what_is_wrong(exa
             with pytest.raises(ValueError, match=r"^train\(\) with an iterable of batches needs num_data="):
                 run()
             return
-        if kind != "list" and n < total and epochs > 0:  # an epoch without a length ends within num_data examples
+        if n < total and epochs > 0:  # an error as soon as the epoch's count passes num_data
             with pytest.raises(ValueError, match=rf"^x yielded more than num_data={n} examples in epoch 1 "):
                 run()
+            assert tally.steps < len(sizes)  # the batch that passes it is never trained on
+            return
+        if n > total and epochs > 0:  # an error at the end of an epoch that streamed fewer
+            with pytest.raises(ValueError, match=rf"^x yielded {total} examples in epoch 1 but num_data={n}: "):
+                run()
+            assert tally.steps == len(sizes)
             return
         result = run()
         assert len(result.history) == epochs
@@ -268,6 +274,10 @@ def rebuilt(output, target):
     return torch.tensor(F.cross_entropy(output, target).item())
 
 
+def leaf(output, target):
+    return torch.tensor(1.0, requires_grad=True)
+
+
 def unreduced(output, target):
     return F.cross_entropy(output, target, reduction="none")
 
@@ -296,6 +306,7 @@ LOSSES = {
     "log_softmax_nll": (log_softmax_nll, None, None),
     "detached": (detached, ValueError, r"returned a tensor detached from the network's output"),
     "rebuilt": (rebuilt, ValueError, r"returned a tensor detached from the network's output"),
+    "leaf": (leaf, ValueError, r"returned a tensor detached from the network's output \(a leaf tensor, not computed"),
     "unreduced": (unreduced, ValueError, r"must return the mean loss over the minibatch, a scalar tensor, got shape"),
     "one_element": (one_element, ValueError, r"a scalar tensor, got shape \(1,\)"),
     "python_float": (python_float, TypeError, r"floating-point scalar tensor computed from the output, got float$"),
@@ -638,3 +649,129 @@ def test_an_iterable_that_yields_nothing_the_second_time_is_named():
     message = r"^the training data is empty: x yielded no batches in epoch 1 \(it yielded batches before: an iterable"
     with pytest.raises(ValueError, match=message):
         _fit(_classifier(), SameIterator(), num_data=8, epochs=2)
+
+
+@pytest.mark.parametrize("num_data", [30, 59, 61, 120, 600, 6000])
+@pytest.mark.parametrize("kind", ["list", "unsized", "generator"])
+def test_an_iterable_streams_exactly_num_data_examples_each_epoch(kind, num_data):
+    x, y = _labelled(60)
+    batches = _batches(x, y, [10] * 6)  # 60 examples
+    tally = Tally()
+    if num_data < 60:  # an error as soon as the count passes num_data: that batch is never trained on
+        message = (
+            rf"^x yielded more than num_data={num_data} examples in epoch 1 \({(num_data // 10 + 1) * 10} by batch"
+        )
+        with pytest.raises(ValueError, match=message):
+            _fit(_classifier(), _as(kind, batches), num_data=num_data, callbacks=[tally])
+        assert tally.steps == num_data // 10
+    else:
+        with pytest.raises(ValueError, match=rf"^x yielded 60 examples in epoch 1 but num_data={num_data}: "):
+            _fit(_classifier(), _as(kind, batches), num_data=num_data, callbacks=[tally])
+        assert tally.steps == 6
+    if kind != "generator":  # the second epoch is counted too
+        assert len(_fit(_classifier(), _as(kind, batches), num_data=60, epochs=2).history) == 2
+
+
+@pytest.mark.parametrize("num_data", [30, 59, 61, 120, 600])
+def test_a_dataloader_over_a_sized_dataset_has_its_length_as_num_data(num_data):
+    x, y = _labelled(60)
+    loader = DataLoader(TensorDataset(x, y), batch_size=10)
+    message = rf"^num_data={num_data} but x \(DataLoader\) holds 60 training examples \(len of its dataset\)"
+    tally = Tally()
+    with pytest.raises(ValueError, match=message):
+        _fit(_classifier(), loader, num_data=num_data, callbacks=[tally])
+    assert tally.steps == 0  # up front
+    given = _fit(_classifier(), loader, num_data=60, epochs=2)
+    default = _fit(_classifier(), loader, epochs=2)
+    assert [h["mean_loss"] for h in given.history] == [h["mean_loss"] for h in default.history]
+
+
+def test_a_subset_sampler_trains_on_its_indices():
+    x, y = _labelled(60)
+    loader = DataLoader(TensorDataset(x, y), batch_size=10, sampler=SubsetRandomSampler(range(30)))
+    with pytest.raises(ValueError, match=r"^num_data=60 but x \(DataLoader\) holds 30 training examples \(len of"):
+        _fit(_classifier(), loader, num_data=60)
+    assert _fit(_classifier(), loader, num_data=30, objective="penalized").history  # N = 30, the default too
+
+
+def _training_run_num_data(model, data, **kwargs):
+    seen = []
+
+    class Seen(Callback):
+        def on_fit_start(self, run):
+            seen.append(run.num_data)
+
+    _fit(model, data, callbacks=[Seen()], **kwargs)
+    return seen[0]
+
+
+def test_num_data_of_a_dataloader_is_its_dataset_length_or_its_subset():
+    x, y = _labelled(60)
+    assert _training_run_num_data(_classifier(), DataLoader(TensorDataset(x, y), batch_size=10)) == 60
+    assert _training_run_num_data(_classifier(), DataLoader(TensorDataset(x, y), batch_size=10, drop_last=True)) == 60
+    subset = DataLoader(TensorDataset(x, y), batch_size=10, sampler=SubsetRandomSampler(range(30)))
+    assert _training_run_num_data(_classifier(), subset) == 30
+
+
+@pytest.mark.parametrize("objective", ["bayes", "penalized"])
+@pytest.mark.parametrize("owner", ["SparseModel", "PlainModel"])
+def test_a_leaf_loss_that_requires_grad_is_named(objective, owner):
+    x, y = _labelled(8)
+    loss_fn = lambda o, t: torch.tensor(1.0, requires_grad=True)  # noqa: E731
+    model = SparseModel(_net(), loss_fn) if owner == "SparseModel" else PlainModel(nn.Linear(4, 3), loss_fn)
+    message = r"^loss_fn \(.*<lambda>\) returned a tensor detached from the network's output \(a leaf tensor, not"
+    with pytest.raises(ValueError, match=message):
+        _fit(model, x, y, objective=objective)
+
+
+def test_a_loss_that_is_the_output_itself_still_trains():
+    class Scalar(nn.Module):  # the output is a leaf parameter, and the loss is that output
+        def __init__(self):
+            super().__init__()
+            self.value = nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, x):
+            return self.value
+
+    model = PlainModel(Scalar(), lambda o, t: o)
+    x, y = _labelled(8)
+    _fit(model, x, y, objective="penalized", lr=0.1)
+    assert float(model.net.value) < 2.0
+
+
+@pytest.mark.parametrize("model", [5, "model", nn.Linear(4, 3), None])
+def test_a_model_without_model_and_guide_is_named(model):
+    x, y = _labelled(8)
+    with pytest.raises(TypeError, match=r"^model must be a torch.nn.Module with model\(x, y, num_data\) and guide"):
+        _fit(model, x, y)
+
+
+@pytest.mark.parametrize(
+    ("device", "error", "message"),
+    [
+        (
+            "gpu",
+            ValueError,
+            r"^device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device that can train, got 'gpu'$",
+        ),
+        (5, TypeError, r"^device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device .*, got int 5$"),
+        (1.5, TypeError, r"^device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device .*, got float 1.5$"),
+        ("meta", ValueError, r"^device must be .* got 'meta': a meta device holds no data$"),
+        (torch.device("meta"), ValueError, r"^device must be .* a meta device holds no data$"),
+        ("cuda:99", ValueError, r"^device 'cuda:99' was requested but (CUDA is not available|there are \d+ CUDA)"),
+    ],
+)
+def test_a_device_that_cannot_train_is_named(device, error, message):
+    x, y = _labelled(8)
+    model = _classifier()
+    before = _weights(model)
+    with pytest.raises(error, match=message):
+        _fit(model, x, y, device=device)
+    assert all(torch.equal(before[k], v) for k, v in _weights(model).items())
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "auto", None])
+def test_the_devices_that_train_are_accepted(device):
+    x, y = _labelled(8)
+    result = _fit(_classifier(), x, y, device=device)
+    assert result.device.type in ("cpu", "cuda")

@@ -11,6 +11,7 @@ from ..threads import choose_threads
 from .batches import is_iterator
 from .callbacks.base import Callback
 from .compiled import requirement_error
+from .device import resolve_device
 from .graphed import GRAPH_REQUIREMENT
 from .objectives.constrained import DUAL_RESTARTS
 from .objectives.final_phase import FINAL_PHASE, RANK, RANKS, WAIT
@@ -143,6 +144,16 @@ def _fused_loss_flag(name, requirement):
 # Every argument check of train() in one place: (applies when, holds when, message: a template or a function of
 # the arguments[, error type: ValueError unless given]). `a` holds the arguments.
 _ARGUMENT_RULES = (
+    (
+        lambda a: True,
+        lambda a: _trainable(a["model"]),
+        lambda a: (
+            "model must be a torch.nn.Module with model(x, y, num_data) and guide(x, y, num_data) methods (the models "
+            "of l0bayes.models; a network with a loss of your own: SparseModel(net, loss_fn), or PlainModel(net, "
+            f"loss_fn) without gates), got {type(a['model']).__name__}"
+        ),
+        TypeError,
+    ),
     (
         lambda a: True,
         lambda a: a["objective"] in OBJECTIVES,
@@ -296,6 +307,12 @@ _DATA_RULES = (
 # data_checks.check_data, for the training and the test data.)
 
 
+def _trainable(model):
+    """A module ``train`` can fit: the Pyro ``model`` and ``guide`` of the full record's free energy (its fused
+    losses, ``penalized_loss`` / ``bayes_loss``, are optional)."""
+    return isinstance(model, torch.nn.Module) and all(callable(getattr(model, m, None)) for m in ("model", "guide"))
+
+
 def _iterable(x):
     try:
         iter(x)
@@ -311,6 +328,7 @@ def check_arguments(args, x, y):
             raise (error[0] if error else ValueError)(
                 message(args) if callable(message) else message.format(OBJECTIVES=OBJECTIVES, RANKS=RANKS, **args)
             )
+    resolve_device(args["device"])  # a clear error naming device= (not one deep inside torch.device)
     args["seed"] = check_seed(args["seed"])  # (torch.manual_seed raised "Overflow when unpacking long long")
     for name in ("epochs", "batch_size", "record_every", "num_data"):  # whole numbers as Python ints
         if args[name] is not None:

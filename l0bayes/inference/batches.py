@@ -12,7 +12,14 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["IterableBatches", "TensorBatches", "held_out_batches", "make_batches", "random_state_kept"]
+__all__ = [
+    "CheckedBatches",
+    "IterableBatches",
+    "TensorBatches",
+    "held_out_batches",
+    "make_batches",
+    "random_state_kept",
+]
 
 #: Training examples kept for the full record's free energy (at least one minibatch).
 RECORD_EXAMPLES = 1000
@@ -66,16 +73,20 @@ class IterableBatches:
 
     Every batch is checked against the model (``check``, a :class:`~l0bayes.inference.data_checks.DataCheck`)
     before the step that uses it, and each epoch is one pass: an iterable with a length (a ``DataLoader``)
-    yields at most ``len(data)`` batches, one without a length at most ``num_data`` examples (so an endless
-    iterable such as ``itertools.cycle`` is an error, not a run that never ends), and at least one batch.
+    yields at most ``len(data)`` batches, and at least one batch. A ``DataLoader`` over a dataset with a length
+    trains on ``N = len(dataset)`` examples (its epochs may drop the last batch, or shard the data between
+    ranks); any other iterable yields exactly ``num_data`` examples each epoch: one that yields more is an error
+    as soon as its count passes ``num_data`` (so an endless iterable such as ``itertools.cycle`` is an error, not
+    a run that never ends), one that yields fewer at the end of the epoch.
 
     An iterable that can be iterated once per epoch (a ``DataLoader``, a list of batches) also gives the full
     record's fixed training examples, its first batches, from a pass of its own before training. An iterator
     (a generator, ``iter(batches)``: exhausted after one pass) trains one epoch, and the full record takes its
     first batches as they stream: nothing is consumed that is not trained on.
 
-    :param num_data: the number of training examples ``N`` (the data term is scaled by ``N/B``);
-        by default ``len(data.dataset)``.
+    :param num_data: the number of training examples ``N`` (the data term is scaled by ``N/B``); for a
+        ``DataLoader`` over a dataset with a length, ``None`` or ``len(data.dataset)`` (``len(sampler)`` for a
+        ``SubsetRandomSampler``), another number is a ``ValueError``.
     :param check: ``check(x, y, names) -> (x, y)``, the checks of one batch (by default none).
     """
 
@@ -88,10 +99,13 @@ class IterableBatches:
             raise ValueError(
                 f"the training data is empty: x ({type(data).__name__}) yields no batches (its len() is 0)"
             )
+        # A DataLoader over a dataset with a length: N is the dataset's (its sampler's for a SubsetRandomSampler);
+        # its epochs may yield fewer examples (drop_last, a DistributedSampler's shard of each rank).
+        dataset_size = _dataset_size(data)
+        if dataset_size == 0:
+            raise ValueError(f"the training data is empty: x ({type(data).__name__}) has an empty dataset")
         if num_data is None:
-            num_data = _length(getattr(data, "dataset", None))
-            if num_data == 0:
-                raise ValueError(f"the training data is empty: x ({type(data).__name__}) has an empty dataset")
+            num_data = dataset_size
         if num_data is None:
             raise ValueError(
                 "train() with an iterable of batches needs num_data= (the number of training examples), "
@@ -99,6 +113,13 @@ class IterableBatches:
             )
         if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
             raise ValueError(f"num_data must be a positive integer, got {num_data!r}")
+        if dataset_size is not None and num_data != dataset_size:
+            raise ValueError(
+                f"num_data={num_data} but x ({type(data).__name__}) holds {dataset_size} training examples "
+                f"(len of its {_size_source(data)}): the data term is scaled by the number of training examples; "
+                "leave num_data=None for a DataLoader over a dataset with a length"
+            )
+        self.counted = dataset_size is None  # every epoch of another iterable streams exactly num_data examples
         self.num_data = num_data
         self.batch_size = None
         self._streamed = _StreamedExamples() if self.one_shot else None
@@ -118,12 +139,12 @@ class IterableBatches:
                 )
             x, y = self._checked(batch, where)
             examples += len(x)
-            if self.steps_per_epoch is None and examples > self.num_data:
+            if self.counted and examples > self.num_data:
                 raise ValueError(
                     f"x yielded more than num_data={self.num_data} examples in epoch {run.epoch + 1} ({examples} "
-                    f"by {where}): an epoch of an iterable without a length is one pass over at most num_data "
-                    "examples (an endless iterable such as itertools.cycle never ends one); give the number of "
-                    "training examples as num_data, or the iterable a len() (its batches per epoch)"
+                    f"by {where}): an epoch of an iterable of batches is one pass over exactly num_data examples "
+                    "(an endless iterable such as itertools.cycle never ends one); give the number of training "
+                    "examples as num_data"
                 )
             if self._streamed is not None:
                 self._streamed.keep(x, y)
@@ -136,6 +157,12 @@ class IterableBatches:
             )
             raise ValueError(f"the training data is empty: x yielded no batches in epoch {run.epoch + 1}{again}")
         self._yielded = True
+        if self.counted and examples < self.num_data:
+            raise ValueError(
+                f"x yielded {examples} examples in epoch {run.epoch + 1} but num_data={self.num_data}: an epoch of an "
+                "iterable of batches is one pass over exactly num_data examples (the data term is scaled by it); "
+                "give the number of training examples as num_data"
+            )
 
     def _checked(self, batch, where):
         """The batch as ``(x, y)`` on the model's terms, or a clear error naming it."""
@@ -208,6 +235,28 @@ def make_batches(x, y, batch_size, seed, ddp, num_data=None, check=None):
     return IterableBatches(x, num_data, check)
 
 
+class CheckedBatches:
+    """Held-out data given as an iterable of ``(x, y)`` batches (``test_data``, ``validation_data``), each batch
+    checked against the model as it is read, like the training batches: ``check(x, y, names)`` (a
+    :class:`~l0bayes.inference.data_checks.DataCheck`), the error naming the batch of ``name``.
+
+    It can be iterated once per evaluation, as the data it wraps; its length is theirs, where they have one.
+    """
+
+    def __init__(self, data, check, name):
+        self.data, self.check, self.name = data, check, name
+
+    def __iter__(self):
+        for index, batch in enumerate(self.data, 1):
+            where = f"batch {index} of {self.name}"
+            if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+                raise TypeError(f"{where} must be a pair (x, y), got {type(batch).__name__}")
+            yield self.check(batch[0], batch[1], (f"the x of {where}", f"the y of {where}"))
+
+    def __len__(self):
+        return len(self.data)
+
+
 def held_out_batches(data, batch_size=EVALUATION_BATCH):
     """The ``(x, y)`` batches of held-out data, in order: a pair of tensors cut into ``batch_size`` rows, or the
     ``(batch[0], batch[1])`` of each batch of an iterable of batches (a ``DataLoader``), as it yields them."""
@@ -250,6 +299,23 @@ def _resident(x, y, device):
         return x.to(device), y.to(device)
     except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError from torch 2.5 on)
         return x, y
+
+
+def _dataset_size(data):
+    """The number of training examples of a ``DataLoader`` over a dataset with a length (``None`` otherwise): the
+    dataset's, or the indices of a ``SubsetRandomSampler`` (which trains on those only)."""
+    sampler = getattr(data, "sampler", None)
+    if isinstance(sampler, torch.utils.data.SubsetRandomSampler):
+        return len(sampler)
+    return _length(getattr(data, "dataset", None))
+
+
+def _size_source(data):
+    return (
+        "SubsetRandomSampler"
+        if isinstance(getattr(data, "sampler", None), torch.utils.data.SubsetRandomSampler)
+        else "dataset"
+    )
 
 
 def _length(obj):

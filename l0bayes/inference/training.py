@@ -15,7 +15,7 @@ import torch
 
 from ..threads import thread_policy
 from .arguments import check_arguments
-from .batches import make_batches
+from .batches import CheckedBatches, make_batches
 from .callbacks import (
     CallbackList,
     Checkpointing,
@@ -90,8 +90,8 @@ def train(
 ):
     r"""Train a sparse model with minibatch Adam, or the optimiser and schedule a factory builds.
 
-    :param model: a module with ``model(x, y, num_data)`` and ``guide(x, y, num_data)`` (the
-        models in :mod:`l0bayes.models`). If it also has ``penalized_loss`` (e.g.
+    :param model: a :class:`torch.nn.Module` with ``model(x, y, num_data)`` and ``guide(x, y, num_data)`` (the
+        models in :mod:`l0bayes.models`; anything else is a ``TypeError``). If it also has ``penalized_loss`` (e.g.
         :class:`~l0bayes.models.SparseClassifier`), that fast path is used for the penalised and
         constrained objectives, and if it has ``bayes_loss`` (the same free energy as
         ``TraceMeanField_ELBO`` for the same draws, computed directly), that one for ``"bayes"``.
@@ -101,11 +101,15 @@ def train(
         ``torch.utils.data.DataLoader`` (its own order and augmentation; ``y=None``, ``batch_size`` unused).
         The data term is scaled by ``N/B`` (``pyro.plate`` subsampling). Every batch of an iterable is checked
         against the model as it streams, before its step (the error names the batch and the epoch); an epoch is
-        one pass, which must yield a batch, and at most ``len(x)`` batches or, without a length, at most
-        ``num_data`` examples (an endless iterable such as ``itertools.cycle`` is an error). An iterator (a
-        generator, ``iter(batches)``), used up by one pass, trains one epoch: ``epochs > 1`` is a ``ValueError``.
-    :param num_data: ``N`` for an iterable of batches that is not a ``DataLoader`` over a sized dataset; with
-        tensors, ``None`` (``N`` is the number of rows of ``x``; another number is a ``ValueError``).
+        one pass, which must yield a batch, and at most ``len(x)`` batches. An iterator (a generator,
+        ``iter(batches)``), used up by one pass, trains one epoch: ``epochs > 1`` is a ``ValueError``.
+    :param num_data: ``N``, the number of training examples, for an iterable of batches that is not a
+        ``DataLoader`` over a sized dataset: each epoch must stream exactly ``num_data`` examples (counted as
+        they stream: more is a ``ValueError`` as soon as the count passes it, so an endless iterable such as
+        ``itertools.cycle`` is an error, fewer is one at the end of the epoch). With tensors, ``None`` (``N`` is
+        the number of rows of ``x``); with a ``DataLoader`` over a sized dataset, ``None`` (``N`` is
+        ``len(dataset)``; its epochs may drop a last batch or shard the data). Another number is a
+        ``ValueError``.
     :param str objective: ``"bayes"``: SVI on the free energy of Eq. 21 with
         ``TraceMeanField_ELBO`` (analytic gate KL, code cost as a factor); ``"penalized"``:
         Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to the pruned model keeping at most
@@ -131,7 +135,8 @@ def train(
         These settings (``target_density``, ``target_flops``, ``target_architecture``, ``per_layer``, ``rank``,
         ``arrival``, ``multiplier_lr``, ``dual_restarts``, ``final_phase``) are the constrained objective's: given
         to another objective, which would ignore them, they are a ``ValueError``.
-    :param device: where to train: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``. The model moves
+    :param device: where to train: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a
+        :class:`torch.device` that can train (not ``"meta"``). The model moves
         there for training and back to the device it was on when ``train`` returns (or raises), like the
         multipliers; :attr:`TrainResult.device` says where it trained. Tensor data are copied to the device
         once (where they fit) rather than one minibatch at a time.
@@ -143,7 +148,9 @@ def train(
     :param validation_data: optional held-out data to choose on, given like ``test_data``; its metric is recorded
         with each full record as ``validation_error`` (``validation_rmse``, ``validation_loss``), and
         :class:`~l0bayes.inference.callbacks.EarlyStopping` monitors it by default. An iterator (a generator),
-        which one evaluation would use up, is refused for both; pass a list of batches or a ``DataLoader``.
+        which one evaluation would use up, is refused for both; pass a list of batches or a ``DataLoader``. Each
+        batch is checked against the model as it is read, like the training batches (the error names the batch);
+        numpy arrays are a ``TypeError``, as for ``x`` and ``y``: convert them with ``torch.from_numpy``.
     :param checkpoint: path of a checkpoint written at the end of every epoch; with ``resume=True``
         training continues from it exactly (same next steps, bit for bit, on the same machine). The
         checkpoint stores the objective, learning rate, batch size and a fingerprint of the data; resuming
@@ -270,12 +277,18 @@ def _fit(model, x, y, arguments, ddp):
 
 def _test_data(model, test_data, name="test_data"):
     """``test_data`` (or ``validation_data``: ``name``) checked against the model: a pair of tensors, or an
-    iterable of batches that can be iterated again (used as given)."""
+    iterable of batches that can be iterated again, whose batches are checked as they are read."""
     if isinstance(test_data, (tuple, list)) and test_data and torch.is_tensor(test_data[0]):
         if len(test_data) != 2:
             raise TypeError(f"{name} must be a pair (x, y) of tensors, got {type(test_data).__name__}")
         return check_data(model, *test_data, (f"{name}[0]", f"{name}[1]"))
-    if torch.is_tensor(test_data) or not hasattr(test_data, "__iter__"):
+    if isinstance(test_data, (tuple, list)) and len(test_data) == 2 and any(_array_like(v) for v in test_data):
+        kinds = ", ".join(type(v).__name__ for v in test_data)
+        raise TypeError(
+            f"{name} must be a pair (x, y) of torch tensors (as x and y), got ({kinds}): convert them, e.g. "
+            "torch.from_numpy(...) or torch.as_tensor(...)"
+        )
+    if torch.is_tensor(test_data) or isinstance(test_data, (str, bytes, dict)) or not hasattr(test_data, "__iter__"):
         raise TypeError(
             f"{name} must be a pair (x, y) of tensors or an iterable of (x, y) batches, got {type(test_data).__name__}"
         )
@@ -286,7 +299,12 @@ def _test_data(model, test_data, name="test_data"):
         )
     if hasattr(test_data, "__len__") and len(test_data) == 0:
         raise ValueError(f"{name} holds no batches")
-    return test_data
+    return CheckedBatches(test_data, DataCheck(model), name)
+
+
+def _array_like(v):
+    """An array of another library (numpy, ...) where a tensor is needed: it has a shape, and is no tensor."""
+    return not torch.is_tensor(v) and hasattr(v, "shape") and hasattr(v, "dtype")
 
 
 def _build_run(model, x, y, a, ddp):

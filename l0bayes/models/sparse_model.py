@@ -132,7 +132,8 @@ class SparseModel(nn.Module):
 
         :raises TypeError: naming ``loss_fn`` when it returns anything but a floating-point tensor.
         :raises ValueError: naming ``loss_fn`` when it returns a tensor that is not a scalar, or (while the
-            network's output takes gradients) one detached from the output, which would leave the weights untrained.
+            network's output takes gradients) one detached from the output, or a leaf tensor not computed from it,
+            which would leave the weights untrained.
         """
         loss = self.loss_fn(output, y)
         _check_loss(self.loss_fn, loss, output)
@@ -193,12 +194,22 @@ def _check_loss(loss_fn, loss, output):
             f"{name} must return the mean loss over the minibatch, a scalar tensor, got shape {tuple(loss.shape)} "
             "(a loss with reduction='none'? take its mean, or use reduction='mean')"
         )
-    if torch.is_grad_enabled() and not loss.requires_grad and _requires_grad(output):
+    if torch.is_grad_enabled() and loss.grad_fn is None and _requires_grad(output) and not _is_part(loss, output):
+        why = "requires_grad=False" if not loss.requires_grad else "a leaf tensor, not computed from the output"
         raise ValueError(
-            f"{name} returned a tensor detached from the network's output (requires_grad=False): the weights would "
-            "never train; compute it from the output with torch operations, without .detach(), .item(), "
-            "torch.no_grad() or a new torch.tensor(...)"
+            f"{name} returned a tensor detached from the network's output ({why}): the weights would never train; "
+            "compute it from the output with torch operations, without .detach(), .item(), torch.no_grad() or a "
+            "new torch.tensor(...)"
         )
+
+
+def _is_part(tensor, output):
+    """Whether ``tensor`` is the output itself or one of its parts (a network whose output is a leaf)."""
+    if tensor is output:
+        return True
+    if isinstance(output, dict):
+        output = list(output.values())
+    return isinstance(output, (list, tuple)) and any(_is_part(tensor, part) for part in output)
 
 
 def _requires_grad(output):

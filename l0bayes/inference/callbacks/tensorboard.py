@@ -29,14 +29,20 @@ class TensorBoard(Callback):
     purging only what it wrote itself after that checkpoint (the curves continue without duplicates). A
     refused directory is a ``FileExistsError``; pass another ``log_dir``.
 
-    :param log_dir: the directory of the event files.
+    :param log_dir: the directory of the event files (a ``str`` or ``os.PathLike``, not empty).
     :param bool log_histograms: also log a histogram of every gated layer's ``log_alpha`` each epoch.
     """
 
     state_key = "tensorboard"
 
     def __init__(self, log_dir, log_histograms=False):
+        if not isinstance(log_dir, (str, os.PathLike)):
+            raise TypeError(f"TensorBoard: log_dir must be a path (a str or os.PathLike), got {type(log_dir).__name__}")
         self.log_dir = os.fspath(log_dir)
+        if not isinstance(self.log_dir, str):  # a bytes path: the event writer takes text
+            raise TypeError(f"TensorBoard: log_dir must be a path (a str or os.PathLike), got {log_dir!r}")
+        if not self.log_dir:
+            raise ValueError(f"TensorBoard: log_dir must name a directory, got the empty path {log_dir!r}")
         self.log_histograms = bool(log_histograms)
         self.writer = None
         self.layer_names = None
