@@ -397,3 +397,47 @@ def test_three_observations_with_a_sampler_need_the_noise_scale():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _assert_probabilities(select_variables(x, y, method="variational"))
+
+
+@pytest.mark.parametrize("method", ["auto", "variational", "mcmc"])
+def test_too_many_draws_are_refused_before_allocating(method):
+    """num_draws=10**12 tried to allocate terabytes; the fixed maximum and the bound on num_draws * p * 8 bytes
+    (2**32) are checked before any fit."""
+    x, y = _data()
+    with pytest.raises(ValueError, match=r"num_draws must be a whole number >= 100 and <= 10,000,000, got 10+$"):
+        select_variables(x, y, num_draws=10**12, method=method)
+    wide, _ = _data(p=200)
+    # 4e6 draws of 200 features: 6.4e9 bytes > 2**32; the largest allowed is floor(2**32 / 1600)
+    with pytest.raises(ValueError, match=r"num_draws=4000000 draws of 200 features .* give num_draws <= 2684354$"):
+        select_variables(wide, y, num_draws=4_000_000, method=method)
+
+
+@pytest.mark.parametrize(
+    ("feature_names", "message"),
+    [
+        (5, "feature_names must be a sequence of names .* got int 5"),
+        (iter("abcd"), "feature_names must be a sequence of names"),
+        ({"a": 1}, "feature_names must be a sequence of names"),
+        ([1.5, 2, 3, 4], "feature_names must be a sequence of names .* got an entry float 1.5"),
+        (["a", None, "c", "d"], "feature_names must be a sequence of names .* got an entry NoneType None"),
+    ],
+)
+def test_feature_names_that_are_no_sequence_of_names_are_type_errors(feature_names, message):
+    x, y = _data()
+    with pytest.raises(TypeError, match=message):
+        select_variables(x, y, feature_names=feature_names)
+
+
+def test_feature_names_of_strings_or_ints_are_accepted():
+    x, y = _data()
+    for names in (np.array(["a", "b", "c", "d"]), (3, 2, 1, 0), ["a", "b", "c", "d"]):
+        assert list(_run(x, y, feature_names=names, num_draws=100).feature_names) == list(names)
+
+
+def test_a_device_that_cannot_compute_is_refused():
+    """device='meta' crashed in Tensor.item(); X on the meta device crashed copying out of it."""
+    x, y = _data()
+    with pytest.raises(ValueError, match="device is 'meta', which holds no values and cannot compute"):
+        select_variables(x, y, device="meta")
+    with pytest.raises(ValueError, match="the device of X is 'meta', which holds no values"):
+        select_variables(torch.empty(N, P, device="meta"), y)

@@ -7,20 +7,24 @@ model equal to the gated one (logits within 1e-5 of their scale) whose parameter
 tenth of a second, so fewer than the other probe suites), many more under ``-m slow``.
 """
 
+import math
 import warnings
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from l0bayes.nn import gates_of
 from l0bayes.pruning import (
     Block,
+    Group,
     count_parameters,
     fix_architecture,
     network_size,
     prune,
+    sparsify,
     sparsify_transformer,
 )
 from l0bayes.pruning.transformer.target import KEYS
@@ -376,3 +380,97 @@ def test_fix_architecture_arguments_are_checked():
         fix_architecture(gated, num_attention_heads=4, num_key_value_heads=1)
     with pytest.raises(ValueError, match="needs a model of sparsify_transformer"):
         fix_architecture(_model("llama"), intermediate_size=2)
+
+
+@pytest.mark.parametrize(
+    ("gate_kwargs", "error", "message"),
+    [
+        (
+            {"init_drop_rate": "0.5"},
+            TypeError,
+            r"init_drop_rate must be a probability strictly between 0 and 1, got str",
+        ),
+        ({"init_drop_rate": True}, TypeError, "init_drop_rate must be a probability .* got the bool True"),
+        ({"init_drop_rate": 1.0}, ValueError, "init_drop_rate must be a probability strictly between 0 and 1, got 1.0"),
+        ({"init_drop_rate": torch.tensor([0.2, 0.3])}, TypeError, r"init_drop_rate must be one number .* shape \(2,\)"),
+        ({"temperature": "1"}, TypeError, "temperature must be a finite number > 0"),
+        ({"lower": 0.1}, ValueError, "lower must be a finite number < 0"),
+        ({"init_std": -1.0}, ValueError, "init_std must be a finite number >= 0"),
+        ({"drop_rate": 0.5}, TypeError, r"unknown gate arguments \['drop_rate'\]; the gate arguments are"),
+        ({"inplace": "no"}, TypeError, "inplace must be True or False, got 'no'"),
+    ],
+)
+def test_gate_arguments_are_checked_at_the_entry(gate_kwargs, error, message):
+    """init_drop_rate='0.5' crashed deep in the gates ('<' between float and str); inplace='no' gated the model
+    itself."""
+    model = _model("llama")
+    with pytest.raises(error, match=message):
+        sparsify_transformer(model, example_inputs=_ids(), **gate_kwargs)
+    assert not gates_of(model)
+
+
+def test_numpy_scalar_gate_arguments_are_the_python_numbers():
+    import numpy as np
+
+    gated = sparsify_transformer(_model("llama"), example_inputs=_ids(), init_drop_rate=np.float32(0.25))
+    reference = sparsify_transformer(_model("llama"), example_inputs=_ids(), init_drop_rate=0.25)
+    means = [float(g.log_alpha.detach().mean()) for m in (gated, reference) for _, g in gates_of(m)[:1]]
+    assert means[0] == pytest.approx(means[1], abs=0.05)  # both near logit(0.75) = log 3
+    assert means[0] == pytest.approx(math.log(3.0), abs=0.05)
+
+
+def test_sparsify_checks_its_gate_arguments_too():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    with pytest.raises(TypeError, match="sparsify: init_drop_rate must be a probability .* got str '0.5'"):
+        sparsify(model, init_drop_rate="0.5")
+    with pytest.raises(TypeError, match=r"sparsify: unknown gate arguments \['foo'\]"):
+        sparsify(model, foo=1)
+    with pytest.raises(TypeError, match="sparsify: inplace must be True or False"):
+        sparsify(model, inplace=1)
+    with pytest.raises(TypeError, match=r"sparsify: groups must be a dict \{name: Group\(...\)\}"):
+        sparsify(model, groups=[Group(["0"])])
+    with pytest.raises(ValueError, match="group 'g': dim must be a nonzero int"):
+        sparsify(model, groups={"g": Group(["0"], dim=0)})
+    assert not gates_of(model)
+
+
+@pytest.mark.parametrize(
+    ("example_inputs", "error", "message"),
+    [
+        (
+            torch.zeros(2, 5),
+            ValueError,
+            r"example_inputs: the model does not run on them .*\[\(\(2, 5\), 'float32'\)\]",
+        ),
+        ("x", TypeError, "example_inputs must be a tensor .* got str"),
+        (torch.full((2, 5), 999), ValueError, r"example_inputs: the model does not run on them \(IndexError"),
+        ((_ids(), "mask"), TypeError, r"example_inputs\[1\] must be a tensor"),
+    ],
+)
+def test_prune_blames_example_inputs_the_gated_model_does_not_take(example_inputs, error, message):
+    """Float token ids were blamed on the attention's head count; a string was an AttributeError; ids beyond the
+    vocabulary torch's IndexError. The gated model runs on them first: its failure is example_inputs'."""
+    gated = sparsify_transformer(_model("llama"), example_inputs=_ids())
+    with pytest.raises(error, match=message):
+        prune(gated, example_inputs=example_inputs)
+    _assert_pruned_equals_gated(gated, _ids(2, 1))  # the stored inputs still serve
+
+
+def test_a_pruned_model_that_does_not_run_is_the_prunings_error(monkeypatch):
+    """Only a failure of the pruned model, after the gated one ran, is reported as the pruning's."""
+    from l0bayes.pruning.transformer import prune as prune_module
+
+    gated = sparsify_transformer(_model("llama"), example_inputs=_ids())
+    original = prune_module._remove_blocks
+
+    def broken(plain, resolved, removed):
+        kept = original(plain, resolved, removed)
+        plain.model.layers[0].self_attn.o_proj = nn.Linear(3, 3)  # a width the attention's output does not have
+        return kept
+
+    monkeypatch.setattr(prune_module, "_remove_blocks", broken)
+    warnings.simplefilter("ignore")  # (within pytest's per-test catch) a pruned model of mixed sizes keeps its config
+    with pytest.raises(
+        ValueError, match=r"the pruned model does not run \(RuntimeError: .*\) where the gated one does"
+    ):
+        prune(gated)

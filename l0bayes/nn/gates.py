@@ -7,12 +7,38 @@ import pyro
 import torch
 from torch import nn
 
-from .._checks import COUNT, GATE_SHAPE, NON_NEGATIVE, check_args
+from .._checks import COUNT, GATE_SHAPE, NON_NEGATIVE, PROBABILITY, check_args
 from ..distributions import HardConcrete
 from ..distributions.stretched_concrete import stretched_concrete_rsample
 
 # Arguments of HardConcreteGate: finite stretch and temperature (an infinite one gives NaN gates).
-GATE_ARG_CHECKS = {"num_gates": COUNT, "group_size": COUNT, "init_std": NON_NEGATIVE, **GATE_SHAPE}
+GATE_ARG_CHECKS = {
+    "num_gates": COUNT,
+    "group_size": COUNT,
+    "init_drop_rate": PROBABILITY,
+    "init_std": NON_NEGATIVE,
+    **GATE_SHAPE,
+}
+#: The keyword arguments of every gate that :func:`~l0bayes.pruning.sparsify` and
+#: :func:`~l0bayes.pruning.sparsify_transformer` pass on (``**gate_kwargs``).
+GATE_KWARGS = ("init_drop_rate", "temperature", "lower", "upper", "init_std")
+
+
+def check_gate_kwargs(owner, gate_kwargs):
+    """Check the ``**gate_kwargs`` a function passes on to every gate it builds, before it builds any.
+
+    :raises TypeError: naming an unknown keyword (and listing :data:`GATE_KWARGS`), or a value that is not one
+        real number (a string, a bool, a tensor of several elements).
+    :raises ValueError: naming the argument for a number outside its range (``init_drop_rate`` in (0, 1), ...).
+    """
+    unknown = sorted(set(gate_kwargs) - set(GATE_KWARGS))
+    if unknown:
+        raise TypeError(f"{owner}: unknown gate arguments {unknown}; the gate arguments are {list(GATE_KWARGS)}")
+    for name, value in gate_kwargs.items():
+        shape = tuple(getattr(value, "shape", ()))
+        if shape:
+            raise TypeError(f"{owner}: {name} must be one number (the same for every gate), got shape {shape}")
+    check_args(owner, GATE_ARG_CHECKS, **gate_kwargs)
 
 
 def log_alpha_for_inclusion(prior_inclusion, temperature=2.0 / 3.0, lower=-0.1, upper=1.1):
@@ -86,6 +112,7 @@ class HardConcreteGate(nn.Module):
             GATE_ARG_CHECKS,
             num_gates=num_gates,
             group_size=group_size,
+            init_drop_rate=init_drop_rate,
             temperature=temperature,
             lower=lower,
             upper=upper,

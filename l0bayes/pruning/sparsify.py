@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .._warnings import warn
-from ..nn.gates import HardConcreteGate
+from ..nn.gates import HardConcreteGate, check_gate_kwargs
 from ..nn.layers import L0Layer
 from .hooks import as_input_tuple, probe_forward, remove_hooks
 
@@ -318,6 +318,20 @@ def sparsify(
     :returns: the gated model, in the training mode ``model`` was in; its gates are listed by
         :func:`~l0bayes.nn.gates_of` as ``"<layer name>.gate"`` (``"l0_groups.<name>.gate"`` for groups).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"sparsify: model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(inplace, bool):
+        raise TypeError(f"sparsify: inplace must be True or False, got {inplace!r}")
+    check_gate_kwargs("sparsify", gate_kwargs)
+    if groups is not None:
+        if not isinstance(groups, dict) or not all(isinstance(g, Group) for g in groups.values()):
+            raise TypeError(f"sparsify: groups must be a dict {{name: Group(...)}}, got {groups!r}")
+        for name, group in groups.items():
+            if isinstance(group.dim, bool) or not isinstance(group.dim, int) or group.dim == 0:
+                raise ValueError(
+                    f"sparsify: group {name!r}: dim must be a nonzero int (the dimension of the outputs that holds "
+                    f"the units; 0 is the batch), got {group.dim!r}"
+                )
     if not inplace:
         model = copy.deepcopy(model)
     picked = _chosen(model, layers, include, exclude)

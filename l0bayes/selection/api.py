@@ -57,6 +57,7 @@ from ..threads import thread_policy
 from .arguments import (
     as_float64,
     check_arguments,
+    check_draws_fit,
     check_noise_identifiable,
     feature_list,
     internal_scales,
@@ -115,9 +116,10 @@ def select_variables(
         That posterior is improper where a model fits ``y`` exactly (``n - 1`` features can): with ``n <= 10``
         and ``p >= n - 1`` a sampler (``method`` ``"auto"`` or ``"mcmc"``) needs ``noise_scale``, and a chain
         whose noise collapses stops with an error that says so.
-    :param feature_names: names for the result (default the column indices).
+    :param feature_names: names for the result, one string per column of ``X`` (default the column indices).
     :param device: where to compute (``"cpu"``, ``"cuda"``; default: the device of a tensor ``X``, else CPU).
-    :param int num_draws: importance-sampling draws per round (at least 100).
+    :param int num_draws: importance-sampling draws per round (at least 100, at most 10,000,000, and at most
+        ``2**32`` bytes of draws per round: ``num_draws * p * 8 <= 2**32``).
     :param int seed: the seed of every random draw, a whole number in ``[0, 2**64)``.
     :param dtype: the precision of the computation, ``torch.float64`` (default) or ``torch.float32``;
         ``X`` and ``y`` of any real dtype (or a mix) are converted to it after being standardised in float64.
@@ -183,6 +185,8 @@ def _select(X, y, family, hyper, feature_names, run, options):
     method, time_budget = run["method"], run["time_budget"]
     device = resolve_device(device, X)
     x = as_float64(X, "X", device)
+    if x.dim() == 2:
+        check_draws_fit(num_draws, x.shape[1])
     yt = as_float64(y, "y", device)
     xs, yc, (x_scale, x_exponent), k, y_sd = standardise(x, yt, family)
     xs, yc = xs.to(dtype), yc.to(dtype)

@@ -7,6 +7,7 @@ Each mistake is a ``TypeError`` or ``ValueError`` that names the argument.
 """
 
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -17,6 +18,9 @@ from .sampler.gibbs import NOISE_FLOOR
 FAMILIES = ("gaussian", "bernoulli")
 METHODS = ("auto", "variational", "mcmc")
 MIN_DRAWS = 100  # importance draws per round at least: Pareto k-hat is fitted to the largest fifth of them
+MAX_DRAWS = 10**7  # importance draws per round at most
+# and at most this many bytes for one round's draws (num_draws * p values of 8 bytes), checked before allocating
+MAX_DRAW_BYTES = 2**32
 CONSTANT = 1e-12  # a column whose standard deviation is below this fraction of its magnitude is constant
 # slab_scale and noise_scale (Gaussian) within this range times the standard deviation of y: the fit's own noise
 # estimate is floored at its lower end
@@ -29,7 +33,11 @@ ARG_CHECKS = {
     "prior_inclusion": PROBABILITY.or_none(),
     "slab_scale": POSITIVE.or_none(),
     "noise_scale": POSITIVE.or_none(),
-    "num_draws": Rule(f"a whole number >= {MIN_DRAWS}", lambda v: v >= MIN_DRAWS, integer=True),
+    "num_draws": Rule(
+        f"a whole number >= {MIN_DRAWS} and <= {MAX_DRAWS:,}",
+        lambda v: (v >= MIN_DRAWS) & (v <= MAX_DRAWS),
+        integer=True,
+    ),
     "time_budget": Rule("a number of seconds > 0 (inf: no limit)", lambda v: v > 0).or_none(),
 }
 OPTION_CHECKS = {  # the advanced options of select_variables
@@ -85,8 +93,7 @@ def check_arguments(
             f"{owner}: dtype must be torch.float32 or torch.float64 (the precision of the computation; X and y of "
             f"any real dtype are converted to it), got {dtype!r}"
         )
-    if feature_names is not None and isinstance(feature_names, (str, bytes)):
-        raise TypeError(f"{owner}: feature_names must be a sequence of names (one per column), got {feature_names!r}")
+    check_feature_names(feature_names)
     unknown = set(options) - set(OPTION_CHECKS)
     if unknown:
         raise TypeError(f"{owner}: unknown options {sorted(unknown)}; the options are {sorted(OPTION_CHECKS)}")
@@ -97,17 +104,55 @@ def check_arguments(
     return hyper, seed, options, budget
 
 
+def check_feature_names(feature_names):
+    """``feature_names``: ``None``, or a sequence (list, tuple, array) of names, each a string or an int."""
+    if feature_names is None:
+        return
+    sized = hasattr(feature_names, "__len__") and hasattr(feature_names, "__iter__")
+    if isinstance(feature_names, (str, bytes, dict)) or not sized:
+        raise TypeError(
+            "select_variables: feature_names must be a sequence of names (one string per column of X), got "
+            f"{type(feature_names).__name__} {feature_names!r}"
+        )
+    for name in feature_names:
+        if isinstance(name, bool) or not isinstance(name, (str, numbers.Integral)):
+            raise TypeError(
+                "select_variables: feature_names must be a sequence of names (one string, or int, per column of X), "
+                f"got an entry {type(name).__name__} {name!r}"
+            )
+
+
+def check_draws_fit(num_draws, p):
+    """Refuse ``num_draws`` whose draws of ``p`` features would take more than :data:`MAX_DRAW_BYTES` (8 bytes
+    each), before anything is allocated."""
+    if num_draws * p * 8 > MAX_DRAW_BYTES:
+        most = max(MAX_DRAW_BYTES // (8 * p), 1)
+        raise ValueError(
+            f"select_variables: num_draws={num_draws} draws of {p} features take {num_draws * p * 8 / 2**30:.3g} GiB "
+            f"per round, beyond the limit of {MAX_DRAW_BYTES / 2**30:g} GiB (num_draws * p * 8 bytes): give "
+            f"num_draws <= {most}"
+        )
+
+
 def resolve_device(device, X):
     """The device to compute on: ``device``, else that of a tensor ``X``, else the CPU; checked to be usable."""
     if device is None:
-        return X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
-    if not isinstance(device, (str, torch.device)):
+        device = X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
+        name = "the device of X"
+    elif not isinstance(device, (str, torch.device)):
         raise TypeError(f"select_variables: device must be None, a string or a torch.device, got {device!r}")
-    try:
-        device = torch.device(device)
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as err:
-        raise ValueError(f"select_variables: device {str(device)!r} cannot be used here: {err}") from None
+    else:
+        name = "device"
+        try:
+            device = torch.device(device)
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError) as err:
+            raise ValueError(f"select_variables: device {str(device)!r} cannot be used here: {err}") from None
+    if device.type == "meta":
+        raise ValueError(
+            f"select_variables: {name} is {str(device)!r}, which holds no values and cannot compute: give device "
+            "'cpu' or an accelerator ('cuda'), and X as values"
+        )
     return device
 
 

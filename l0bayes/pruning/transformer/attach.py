@@ -5,6 +5,7 @@ import copy
 import torch
 from torch import nn
 
+from ...nn.gates import check_gate_kwargs
 from ..hooks import as_input_tuple, probe_forward
 from ..sparsify import is_sparsified
 from .attention import ZeroBranch, _ExplicitMultiheadAttention, _GatedTransformerEncoderLayer
@@ -73,13 +74,15 @@ def sparsify_transformer(
         ("layers", layers),
         ("depth", depth),
         ("may_remove_all", may_remove_all),
+        ("inplace", inplace),
     )
     for key, value in flags:
         if not isinstance(value, bool):
             raise TypeError(f"{key} must be True or False, got {value!r}")
     if not (heads or units or layers or depth):
         raise ValueError("heads, units, layers and depth are all False: nothing to gate")
-    example_inputs = _check_example_inputs(example_inputs)
+    check_gate_kwargs("sparsify_transformer", gate_kwargs)
+    example_inputs = check_example_inputs(example_inputs)
     if is_sparsified(model) or is_transformer_gated(model):
         raise ValueError("the model already has gates")
     names = _check_blocks(blocks)
@@ -119,8 +122,12 @@ def sparsify_transformer(
     return model
 
 
-def _check_example_inputs(example_inputs):
-    """``example_inputs`` as a tuple of tensors, each with a batch dimension of at least one example."""
+def check_example_inputs(example_inputs):
+    """``example_inputs`` as a tuple of tensors, each with a batch dimension of at least one example.
+
+    :raises TypeError: naming ``example_inputs`` (or its entry) for anything but a tensor or a tuple of tensors.
+    :raises ValueError: naming ``example_inputs`` for a tensor without a batch dimension, or an empty tuple.
+    """
     if example_inputs is None:
         raise ValueError("sparsify_transformer needs example_inputs (a batch the model accepts, e.g. token ids)")
     inputs = as_input_tuple(example_inputs)
@@ -178,15 +185,7 @@ def _probe_outputs(model, resolved, inputs, layers):
         owner = r.heads_owner if r.branch_output == "projection" else r.attention
         watched[owner] = r
     handles = [model.get_submodule(n).register_forward_hook(hook(n)) for n in watched]
-    try:
-        probe_forward(model, inputs, handles)
-    except (RuntimeError, TypeError, ValueError, IndexError, AttributeError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        shapes = [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in inputs]
-        raise ValueError(
-            f"example_inputs: the model does not run on them ({type(err).__name__}: {first}); got {shapes}: give a "
-            "batch the model accepts (e.g. a (batch, length) tensor of token ids)"
-        ) from err
+    run_on_example_inputs(model, inputs, handles)
     for name, r in watched.items():
         if not layers:
             break
@@ -201,6 +200,33 @@ def _probe_outputs(model, resolved, inputs, layers):
                 f"{name}: branch gates need the attention's output to be a tensor or a (tensor, weights) pair; on "
                 f"example_inputs it was {what} (layers=False gates heads and units only)"
             )
+
+
+#: What a model's forward raises on inputs it does not accept (a float tensor of token ids, an id beyond the
+#: vocabulary, a wrong shape).
+FORWARD_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, AttributeError)
+
+
+def run_on_example_inputs(model, inputs, handles=(), shown=None):
+    """``model``'s output on ``inputs`` (a tuple of tensors), one ``eval()``, no-grad forward (:func:`probe_forward`,
+    which removes the hooks behind ``handles`` afterwards).
+
+    :param shown: the example inputs as the user gave them, for the message (default ``inputs``).
+
+    :raises ValueError: naming ``example_inputs`` where the model does not run on them.
+    """
+    seen = []
+    handles = [*handles, model.register_forward_hook(lambda module, args, output: seen.append(output))]
+    try:
+        probe_forward(model, inputs, handles)
+    except FORWARD_ERRORS as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        shapes = [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in (inputs if shown is None else shown)]
+        raise ValueError(
+            f"example_inputs: the model does not run on them ({type(err).__name__}: {first}); got {shapes}: give a "
+            "batch the model accepts (e.g. a (batch, length) tensor of token ids)"
+        ) from err
+    return seen[-1]
 
 
 def _attach_block(model, r, heads, units, layers, gate_kwargs, may_remove_all=False, depth=False):
@@ -322,7 +348,7 @@ def _probe_removable(model, resolved, inputs):
         return
     try:
         probe_forward(model, inputs, handles)
-    except (RuntimeError, TypeError, ValueError, IndexError, AttributeError):
+    except FORWARD_ERRORS:
         return  # the model does not run with its branches zeroed: no block is removed
     for r in resolved:
         x, y = seen.get(r.name, (None, None))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..hooks import as_input_tuple, on_device_of, remove_hooks
-from .attach import is_transformer_gated
+from .attach import FORWARD_ERRORS, check_example_inputs, is_transformer_gated, run_on_example_inputs
 from .attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
 from .blocks import _attentions, _set
 from .gates import _TransformerGate
@@ -169,12 +169,18 @@ def prune_transformer(model, example_inputs=None):
     each branch's last layer.
 
     The result is checked against the gated model on ``example_inputs`` (default: those given to
-    :func:`sparsify_transformer`) in float64; a ``ValueError`` says when the attention's forward does not
-    follow the lowered head count.
+    :func:`sparsify_transformer`) in float64: the gated model runs on them first, and a ``ValueError`` naming
+    ``example_inputs`` says where it does not (float token ids, ids beyond the vocabulary); a ``ValueError`` says
+    when the pruned model does not run after the gated one did, or differs from it (the attention's forward does
+    not follow the lowered head count).
     """
     if not is_transformer_gated(model):
         raise ValueError("prune_transformer needs a model of sparsify_transformer()")
-    example_inputs = as_input_tuple(example_inputs if example_inputs is not None else model._l0_example_inputs)
+    if example_inputs is None:
+        example_inputs = as_input_tuple(model._l0_example_inputs)
+    else:
+        example_inputs = check_example_inputs(example_inputs)
+    probe, reference = _gated_reference(model, example_inputs)  # first: a failure here is example_inputs' fault
     plain = copy.deepcopy(model).eval()
     _strip_hooks(plain)
     resolved = plain._l0_transformer
@@ -200,7 +206,7 @@ def prune_transformer(model, example_inputs=None):
             _set(plain, r.name, PrunedTransformerEncoderLayer(block, block.self_attn, feed_forward))
     kept, positions = _remove_blocks(plain, resolved, removed)
     update_config(plain, kept, positions)
-    _check_equal(model, plain, example_inputs)
+    _check_equal(model, plain, probe, reference)
     return plain.eval()
 
 
@@ -287,20 +293,31 @@ def _flat(output):
     return torch.cat(found) if found else torch.zeros(0)
 
 
-def _check_equal(model, plain, example_inputs):
+def _gated_reference(model, example_inputs):
+    """The probe (``example_inputs`` twice over, floating ones in float64) and the gated model's output on it, in
+    float64: the reference the pruned model must reproduce. A ``ValueError`` naming ``example_inputs`` where the
+    gated model does not run on them."""
     probe = tuple(
         t.repeat(2, *([1] * (t.dim() - 1))).double() if t.is_floating_point() else t.repeat(2, *([1] * (t.dim() - 1)))
         for t in on_device_of(model, example_inputs)
     )
     gated64 = copy.deepcopy(model).double().eval()
+    return probe, run_on_example_inputs(gated64, probe, shown=example_inputs)
+
+
+def _check_equal(model, plain, probe, a):
+    """A ``ValueError`` where the pruned model ``plain`` does not run on ``probe`` or differs from the gated
+    ``model``'s output ``a`` there, beyond the rounding of folding the gates in the model's precision."""
     plain64 = copy.deepcopy(plain).double().eval()
     with torch.no_grad():
         try:
-            a, b = gated64(*probe), plain64(*probe)
-        except RuntimeError as err:
+            b = plain64(*probe)
+        except FORWARD_ERRORS as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise ValueError(
-                f"the pruned model does not run ({str(err).splitlines()[0]}): does the attention's forward read its "
-                "head count from the attribute prune() lowers, rather than from the embedding width?"
+                f"the pruned model does not run ({type(err).__name__}: {first}) where the gated one does: does the "
+                "attention's forward read its head count from the attribute prune() lowers, rather than from the "
+                "embedding width?"
             ) from None
     a, b = _flat(a), _flat(b)
     # the gates are folded in the precision of the model's parameters (weights and gates): a structural mismatch
