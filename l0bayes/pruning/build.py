@@ -16,7 +16,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from .describe import LAYER_TYPES
+from .describe import LAYER_TYPES, TRANSFORMER_TYPES
 from .file_checks import (
     check_child_name,
     check_entry_count,
@@ -25,9 +25,13 @@ from .file_checks import (
     largest_numel,
     layer_arguments,
     layer_kwargs,
+    module_extras,
     short_repr,
     tensors_by_owner,
+    transformer_kwargs,
 )
+from .transformer.attention import ZeroBranch
+from .transformer.projections import is_conv1d
 
 __all__ = ["build_into", "build_pruned"]
 
@@ -119,9 +123,11 @@ def _locate(root, name):
     return parent, child, parent._modules[child]
 
 
-def _place(twin, modules, tensors, largest):
-    """Put the file's layers into ``twin`` (see :func:`build_into`); checks every entry first."""
-    placeholders, names = set(), set()
+def _place(model, twin, modules, state_dict):
+    """Put the file's layers into ``twin``, the twin of ``model`` (see :func:`build_into`); checks every entry
+    first."""
+    tensors, largest = tensors_by_owner(state_dict), largest_numel(state_dict)
+    placeholders, names, resized = set(), set(), []
     for k, spec in enumerate(modules):
         name, kind, args = description_entry(spec, k, "module")
         where = f"module {name!r}"
@@ -133,13 +139,22 @@ def _place(twin, modules, tensors, largest):
         parent, child, existing = _locate(twin, name)
         placeholder = id(existing) in placeholders
         if kind == "module":
-            if set(args) != {"class"} or not isinstance(args["class"], str):
-                raise ValueError(
-                    f"{where} (module): its args must be {{'class': its class name}}, got {short_repr(args)}"
-                )
+            attributes, length = module_extras(where, args)
             if placeholder or type(existing).__qualname__ != args["class"]:
                 found = "nothing" if placeholder else f"a {type(existing).__qualname__}"
                 raise ValueError(f"module {name!r} of the file is a {args['class']}, the model has {found} there")
+            changed = _set_attributes(where, existing, attributes)
+            if changed:
+                resized.append((name, where, changed))
+            if length is not None:
+                _shorten(where, existing, length)
+        elif kind in TRANSFORMER_TYPES:
+            kwargs = transformer_kwargs(f"{where} ({kind})", kind, args, tensors.get(name, {}), state_dict)
+            if kind == "ZeroBranch":  # a removed branch: it takes the place of whatever module was there
+                placeholders.discard(id(existing))
+                parent._modules[child] = ZeroBranch(**kwargs)
+            else:
+                _resize_conv1d(where, existing, placeholder, kwargs, tensors[name])
         elif kind == "Sequential":
             children = args.get("children") if set(args) == {"children"} else None
             if not isinstance(children, list) or not all(isinstance(c, str) for c in children):
@@ -170,6 +185,77 @@ def _place(twin, modules, tensors, largest):
     missing = [n for n, m in twin.named_modules() if n and (n not in names or id(m) in placeholders)]
     if missing:
         raise ValueError(f"the model has modules the file does not describe: {missing[:5]}")
+    for name, where, changed in resized:
+        _check_share(where, changed, name, _locate(model, name)[2], tensors)
+
+
+def _set_attributes(where, module, attributes):
+    """Set the ``attributes`` of a module of the model's twin (each an int attribute of it, at most its value in the
+    fresh model: pruning only lowers them); returns ``{attribute: (file's value, model's value)}`` of those that
+    change."""
+    changed = {}
+    for key, value in attributes.items():
+        fresh = module.__dict__.get(key)
+        if type(fresh) is not int:
+            raise ValueError(f"{where}: the model's {type(module).__name__} has no int attribute {key!r} to set")
+        if value > fresh:
+            raise ValueError(f"{where}: {key} = {value} is more than the model's {fresh} (pruning only lowers it)")
+        if value != fresh:
+            changed[key] = (value, fresh)
+            module.__dict__[key] = value
+    return changed
+
+
+def _shorten(where, module, length):
+    """Keep the first ``length`` blocks of an ``nn.ModuleList`` of the model's twin (a pruned transformer's kept
+    blocks, which move up their list)."""
+    if type(module) is not nn.ModuleList:
+        raise ValueError(f"{where}: a length is given, but the model's {type(module).__name__} is no nn.ModuleList")
+    if length > len(module):
+        raise ValueError(f"{where}: length = {length} is more than the model's {len(module)} blocks")
+    for key in list(module._modules)[length:]:
+        del module._modules[key]
+
+
+def _resize_conv1d(where, module, placeholder, kwargs, tensors):
+    """Give Hugging Face's ``Conv1D`` of the model's twin the file's sizes: ``nf`` (and ``nx``), and parameters
+    on the meta device that the file's tensors replace."""
+    if placeholder or not is_conv1d(module):
+        found = "nothing" if placeholder else f"a {type(module).__name__}"
+        raise ValueError(f"{where}: the file has a Conv1D where the model has {found}")
+    nf, nx = kwargs["nf"], kwargs["nx"]
+    for key, shape in (("weight", (nx, nf)), ("bias", (nf,))):
+        module._parameters[key] = nn.Parameter(torch.empty(shape, device="meta", dtype=tensors[key].dtype))
+    module.__dict__["nf"] = nf
+    if type(module.__dict__.get("nx")) is int:
+        module.__dict__["nx"] = nx
+
+
+def _check_share(where, changed, name, fresh, tensors):
+    """A module whose head count (and widths) the file lowers: every attribute keeps the same share of the fresh
+    model's value, and so does every dimension of its layers' tensors that the file resizes."""
+    (first, (v0, f0)), *others = changed.items()
+    for key, (v, f) in others:
+        if v * f0 != v0 * f:
+            raise ValueError(
+                f"{where}: {key} = {v} of the model's {f} and {first} = {v0} of {f0} do not keep the same share"
+            )
+    count = 0
+    for child, layer in fresh.named_children():
+        for attribute, parameter in layer.named_parameters(recurse=False):
+            tensor = tensors.get(f"{name}.{child}", {}).get(attribute)
+            if tensor is None or tensor.dim() != parameter.dim():
+                continue
+            for new, old in zip(tensor.shape, parameter.shape, strict=True):
+                if new != old:
+                    count += 1
+                    if new * f0 != old * v0:
+                        raise ValueError(
+                            f"{where}: {first} = {v0} of the model's {f0} does not fit the file's tensors: "
+                            f"{name}.{child}.{attribute} keeps {new} of {old}"
+                        )
+    if not count:
+        raise ValueError(f"{where}: {first} = {v0} of the model's {f0}, but the file resizes none of its layers")
 
 
 def build_into(model, modules, state_dict):
@@ -192,10 +278,10 @@ def build_into(model, modules, state_dict):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(modules, list):
         raise TypeError(f"modules is a {type(modules).__name__}, not a list of {{'name', 'type', 'args'}} dicts")
-    tensors = tensors_by_owner(state_dict)
+    tensors_by_owner(state_dict)  # checks its keys and tensors first
     check_entry_count("modules", modules, state_dict)
     twin, pairs = _twin_tree(model)
-    _place(twin, modules, tensors, largest_numel(state_dict))
+    _place(model, twin, modules, state_dict)
     _load_state(twin, state_dict)
     twin.eval()
     _commit(pairs)

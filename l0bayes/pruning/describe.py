@@ -10,8 +10,10 @@ attributes. :func:`~l0bayes.pruning.export.save_pruned` writes these lists besid
 from torch import nn
 
 from .select import SelectFeatures
+from .transformer.attention import ZeroBranch
+from .transformer.projections import is_conv1d
 
-__all__ = ["LAYER_TYPES", "describe_modules", "describe_pruned"]
+__all__ = ["LAYER_TYPES", "PRUNED_ATTRIBUTES", "TRANSFORMER_TYPES", "describe_modules", "describe_pruned"]
 
 _CONV_ARGS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "bias", "padding_mode")
 _BATCH_NORM_ARGS = ("num_features", "eps", "momentum", "affine", "track_running_stats")
@@ -59,6 +61,18 @@ LAYER_TYPES = {
 back from the layer's attributes of the same name. Only these exact classes are described (a subclass may
 change ``forward``), and a file naming another type is refused."""
 _BY_CLASS = {cls: name for name, (cls, _) in LAYER_TYPES.items()}
+
+PRUNED_ATTRIBUTES = (
+    "num_heads", "n_head", "n_heads", "num_attention_heads", "heads", "num_key_value_heads", "all_head_size",
+    "split_size", "inner_dim",
+)  # fmt: skip
+"""The int attributes of a module that pruning a transformer lowers with its heads: the head count, under the names
+attention modules give it, the key-value heads, and the widths some attentions split or reshape by. A module of your
+own class that has any of them has them described (``args["attributes"]``), and loading sets them."""
+TRANSFORMER_TYPES = {"ZeroBranch": ("pair", "batch_first", "features"), "Conv1D": ("nf", "nx")}
+"""The entries that only a pruned transformer holds (in a model of your own class), type name -> arguments: a removed
+branch (:class:`~l0bayes.pruning.transformer.ZeroBranch`) and Hugging Face's ``Conv1D`` (GPT-2's linear layer, of
+the class the fresh model has), its outputs ``nf`` and inputs ``nx``."""
 
 
 def _plain(value):
@@ -110,7 +124,11 @@ def describe_modules(module):
 
     ``type`` is a name from :data:`LAYER_TYPES` (with the constructor arguments), ``"Sequential"`` (``args``:
     the names of its children) or ``"module"`` for any other class (``args``: its class name; its code is
-    yours, and a fresh instance of your model supplies it when loading).
+    yours, and a fresh instance of your model supplies it when loading). A ``"module"`` with int attributes of
+    :data:`PRUNED_ATTRIBUTES` lists them (``args["attributes"]``), an ``nn.ModuleList`` its length
+    (``args["length"]``: a pruned transformer may have lost blocks). What pruning a transformer makes has types of
+    its own (:data:`TRANSFORMER_TYPES`): ``"ZeroBranch"`` for a removed branch and ``"Conv1D"`` for Hugging
+    Face's ``Conv1D``, with their sizes.
     """
     out = []
     for name, layer in module.named_modules():
@@ -123,6 +141,28 @@ def describe_modules(module):
             out.append(
                 {"name": name, "type": "Sequential", "args": {"children": [n for n, _ in layer.named_children()]}}
             )
+        elif type(layer) is ZeroBranch:
+            out.append(
+                {
+                    "name": name,
+                    "type": "ZeroBranch",
+                    "args": {k: getattr(layer, k) for k in ("pair", "batch_first", "features")},
+                }
+            )
+        elif is_conv1d(layer):
+            out.append(
+                {
+                    "name": name,
+                    "type": "Conv1D",
+                    "args": {"nf": int(layer.weight.shape[1]), "nx": int(layer.weight.shape[0])},
+                }
+            )
         else:
-            out.append({"name": name, "type": "module", "args": {"class": type(layer).__qualname__}})
+            args = {"class": type(layer).__qualname__}
+            attributes = {key: value for key in PRUNED_ATTRIBUTES if type(value := layer.__dict__.get(key)) is int}
+            if attributes:
+                args["attributes"] = attributes
+            if type(layer) is nn.ModuleList:
+                args["length"] = len(layer)
+            out.append({"name": name, "type": "module", "args": args})
     return out

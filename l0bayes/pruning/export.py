@@ -12,7 +12,10 @@ containers:
 * ``"modules"`` (a model of your own class, named in ``"model_class"``): the same for every sub-module
   by its dotted name, where ``type`` is a name from :data:`LAYER_TYPES`, ``"Sequential"`` (with its
   children's names) or ``"module"`` (a module of your own code, with its class name): the layers that
-  pruning resizes are all in :data:`LAYER_TYPES`, your own modules keep their code;
+  pruning resizes are all in :data:`LAYER_TYPES`, your own modules keep their code; a pruned transformer
+  adds ``"ZeroBranch"`` (a removed branch) and ``"Conv1D"`` (Hugging Face's) entries, the head counts and
+  widths of its attention modules (a ``"module"``'s ``"attributes"``, names from
+  :data:`~l0bayes.pruning.describe.PRUNED_ATTRIBUTES`) and the length of its lists of blocks (``"length"``);
 * ``"state_dict"``: the tensors (weights, biases, batch-norm statistics, the index buffers of
   ``SelectFeatures``), with their dtype;
 * ``"metadata"``: what the caller adds (input shape, scalers, class count, ...), plain values and tensors.
@@ -111,7 +114,9 @@ def save_pruned(module, path, metadata=None):
         layers (or a subclass with ``nn.Sequential``'s ``forward``; it loads back as an ``nn.Sequential``),
         or a model of your own class (a pruned model of :func:`~l0bayes.pruning.sparsify`), whose
         resized layers must be allow-listed (``nn.Linear``, ``nn.Conv1d/2d/3d``, batch norms, ...); load the
-        latter with ``load_pruned(path, model=YourClass)``.
+        latter with ``load_pruned(path, model=YourClass)``. A pruned transformer of different sizes per block
+        (of :func:`~l0bayes.pruning.sparsify_transformer`) is such a model: load it with ``model=`` a fresh
+        model built from the original config.
     :param path: the file to write; its directory must exist.
     :param dict metadata: tensors and plain values (``dict``, ``list``, ``tuple``, ``str``, numbers,
         ``None``) stored beside the network, e.g. the input shape and the scalers of the data.
@@ -150,7 +155,10 @@ def load_pruned(path, map_location="cpu", model=None):
     tensor it describes (a linear layer's ``in_features`` its weight's, a ``SelectFeatures``' length its
     index's); an integer that sizes no tensor is at most :data:`~l0bayes.pruning.file_checks.INT_LIMIT`, a
     convolution's padding at most the kernel's reach, an adaptive pooling's output no larger than the file's
-    largest tensor; names are found among the modules only.
+    largest tensor; names are found among the modules only. In a pruned transformer, a head count or width
+    (:data:`~l0bayes.pruning.describe.PRUNED_ATTRIBUTES`) is at most the fresh model's, and lowered by the same
+    share as every resized dimension of the attention's layers; a ``ZeroBranch``'s width is at most the file's
+    widest tensor dimension; a list of blocks is no longer than the model's.
 
     :param model: for a file holding a model of your own class: a fresh instance of that class (changed in
         place and returned, once the whole file fits it), or the class or a function without arguments that

@@ -13,7 +13,7 @@ import re
 import torch
 from torch import nn
 
-from .describe import LAYER_TYPES
+from .describe import LAYER_TYPES, PRUNED_ATTRIBUTES, TRANSFORMER_TYPES
 
 __all__ = [
     "INT_LIMIT",
@@ -25,8 +25,10 @@ __all__ = [
     "largest_numel",
     "layer_arguments",
     "layer_kwargs",
+    "module_extras",
     "short_repr",
     "tensors_by_owner",
+    "transformer_kwargs",
 ]
 
 # Arguments that files of earlier versions lack, with the value they meant.
@@ -267,6 +269,55 @@ def layer_kwargs(where, kind, args, tensors, largest):
     return {key: _float(where, key, args[key]) for key in LAYER_TYPES[kind][1]}  # LeakyReLU, ELU; the rest: {}
 
 
+def transformer_kwargs(where, kind, args, tensors, state_dict):
+    """The checked arguments of an entry of :data:`~l0bayes.pruning.describe.TRANSFORMER_TYPES`.
+
+    ``"ZeroBranch"``: ``pair`` and ``batch_first`` booleans, ``features`` ``None`` or an int no larger than the
+    largest dimension of the file's tensors (the zeros it returns are as wide), and no tensors. ``"Conv1D"``:
+    ``nf`` outputs and ``nx`` inputs, the shapes of its ``weight`` ``(nx, nf)`` and ``bias`` ``(nf,)``.
+
+    :raises TypeError: naming ``where`` and the argument, for a value of the wrong type.
+    :raises ValueError: naming ``where``, for other arguments, a value out of its range or a size that
+        disagrees with the tensors.
+    """
+    keys = TRANSFORMER_TYPES[kind]
+    if set(args) != set(keys):
+        raise ValueError(f"{where} has the arguments {sorted(map(repr, args))}, expected {sorted(keys)}")
+    if kind == "Conv1D":
+        nf, nx = _int(where, "nf", args["nf"], 0), _int(where, "nx", args["nx"], 0)
+        _match_tensors(where, tensors, {"weight": (nx, nf), "bias": (nf,)})
+        return {"nf": nf, "nx": nx}
+    _match_tensors(where, tensors, {})
+    widest = max((max(t.shape, default=1) for t in state_dict.values()), default=1)
+    features = args["features"]
+    if features is not None:
+        _int(where, "features", features, 1, widest)
+    pair, batch_first = _bool(where, "pair", args["pair"]), _bool(where, "batch_first", args["batch_first"])
+    return {"pair": pair, "batch_first": batch_first, "features": features}
+
+
+def module_extras(where, args):
+    """``(attributes, length)`` of a ``"module"`` entry (``{}`` and ``None`` where absent), their keys and types
+    checked: ``attributes`` maps names of :data:`~l0bayes.pruning.describe.PRUNED_ATTRIBUTES` to positive ints,
+    ``length`` (an ``nn.ModuleList``'s) is an int of at least 0; the bounds of a fresh model are checked when
+    loading. A ``TypeError`` or ``ValueError`` names ``where`` and the entry."""
+    if not set(args) <= {"class", "attributes", "length"} or not isinstance(args.get("class"), str):
+        raise ValueError(f"{where} (module): its args must be {{'class': its class name}}, got {short_repr(args)}")
+    attributes = args.get("attributes", {})
+    if not isinstance(attributes, dict):
+        raise TypeError(f"{where}: its attributes must be a dict of ints, got {short_repr(attributes)}")
+    for key, value in attributes.items():
+        if key not in PRUNED_ATTRIBUTES:
+            raise ValueError(
+                f"{where}: the attribute {short_repr(key)} may not be set; allowed: {', '.join(PRUNED_ATTRIBUTES)}"
+            )
+        _int(where, key, value, 1)
+    length = args.get("length")
+    if length is not None:
+        _int(where, "length", length, 0)
+    return attributes, length
+
+
 def description_entry(spec, k, what):
     """``(name, type, args)`` of entry ``k`` of a description, its structure checked (not yet its values).
 
@@ -410,6 +461,8 @@ def check_modules(modules, state_dict):
     tensors, largest = tensors_by_owner(state_dict), largest_numel(state_dict)
     check_entry_count("modules", modules, state_dict)
     for spec in modules:
+        where = f"module {spec['name']!r} ({spec['type']})"
         if spec["type"] in LAYER_TYPES:
-            where = f"module {spec['name']!r} ({spec['type']})"
             layer_kwargs(where, spec["type"], spec["args"], tensors.get(spec["name"], {}), largest)
+        elif spec["type"] in TRANSFORMER_TYPES:
+            transformer_kwargs(where, spec["type"], spec["args"], tensors.get(spec["name"], {}), state_dict)
