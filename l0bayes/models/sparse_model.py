@@ -194,6 +194,8 @@ def _check_loss(loss_fn, loss, output):
             f"{name} must return the mean loss over the minibatch, a scalar tensor, got shape {tuple(loss.shape)} "
             "(a loss with reduction='none'? take its mean, or use reduction='mean')"
         )
+    if torch.compiler.is_compiling():  # the autograd graph is the compiler's while it traces (a read breaks the graph)
+        return
     if torch.is_grad_enabled() and loss.grad_fn is None and _requires_grad(output) and not _is_part(loss, output):
         why = "requires_grad=False" if not loss.requires_grad else "a leaf tensor, not computed from the output"
         raise ValueError(
