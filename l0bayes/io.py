@@ -95,11 +95,14 @@ def load_checkpoint(path, map_location="cpu", required=()):
     :param path: the file.
     :param map_location: as for ``torch.load``.
     :param required: keys the checkpoint must hold.
+    :raises TypeError: when ``path`` is not a path.
     :raises FileNotFoundError: when ``path`` does not exist.
     :raises CheckpointError: (a ``ValueError``) naming the file when it is empty, truncated, corrupt, holds
         anything but tensors and plain containers (e.g. a pickle that would run code), is not a ``dict``,
         or lacks one of ``required``.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file path (a str or os.PathLike), got {type(path).__name__}")
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")

@@ -289,3 +289,20 @@ def test_a_file_loads_into_a_model_on_another_device_dtype_and_every_tensor_is_t
     for key, tensor in net.state_dict().items():
         assert loaded.state_dict()[key].dtype == tensor.dtype and torch.equal(loaded.state_dict()[key], tensor)
     assert all(p.requires_grad for p in loaded.parameters())
+
+
+def test_a_pruned_model_refuses_an_input_of_another_width():
+    """SelectFeatures knows how many inputs it selects from: another width is an error, not a silent answer."""
+    from l0bayes.pruning.select import SelectFeatures
+
+    select = SelectFeatures([0, 2, 4], num_inputs=6)
+    assert torch.equal(select(torch.arange(12.0).view(2, 6)), torch.tensor([[0.0, 2, 4], [6, 8, 10]]))
+    with pytest.raises(ValueError, match=r"keeps 3 of 6 inputs along dimension 1, got an input of width 7"):
+        select(torch.zeros(2, 7))
+    with pytest.raises(ValueError, match=r"along dimension 1, got an input of shape \(5,\)"):
+        select(torch.zeros(5))
+
+
+def test_load_pruned_names_a_path_of_the_wrong_type():
+    with pytest.raises(TypeError, match=r"path must be a file path \(a str or os.PathLike\), got int"):
+        load_pruned(5)

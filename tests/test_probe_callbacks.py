@@ -673,3 +673,12 @@ def test_a_numpy_scalar_put_in_the_record_reaches_the_checkpoint_as_a_number(tmp
     with pytest.raises(TypeError, match=r"^Put put record\['mine'\] = _Bad\(\), a test_probe_callbacks._Bad, which"):
         _fit(_model("classifier"), x, y, checkpoint=str(tmp_path / "d.pt"), callbacks=[Put([_Bad()])])
     assert not (tmp_path / "d.pt").exists()
+
+
+def test_tensorboard_log_dir_that_is_a_file_is_named(tmp_path):
+    x, y = _data("classifier", 8)
+    path = tmp_path / "a-file"
+    path.write_text("x")
+    with pytest.raises(FileExistsError, match=r"^TensorBoard: log_dir '.*a-file' is a file, not a directory$"):
+        _fit(_model("classifier"), x, y, callbacks=[TensorBoard(str(path))])
+    assert path.read_text() == "x"

@@ -22,4 +22,12 @@ class SelectFeatures(nn.Module):
         return f"{self.index.numel()} of {self.num_inputs}" + (f", dim={self.dim}" if self.dim != 1 else "")
 
     def forward(self, x):
+        if not -x.dim() <= self.dim < x.dim():
+            shape = tuple(x.shape)
+            raise ValueError(f"SelectFeatures selects along dimension {self.dim}, got an input of shape {shape}")
+        if x.shape[self.dim] != self.num_inputs:
+            raise ValueError(
+                f"SelectFeatures keeps {self.index.numel()} of {self.num_inputs} inputs along dimension {self.dim}, "
+                f"got an input of width {x.shape[self.dim]} there (shape {tuple(x.shape)})"
+            )
         return x.index_select(self.dim, self.index)

@@ -70,6 +70,8 @@ class TensorBoard(Callback):
                 raise FileExistsError(_refusal(self.log_dir, resumed, run.epoch, owner, self.run_id))
         else:  # nothing logged there yet: the directory becomes this run's
             self.run_id = self.run_id or uuid.uuid4().hex
+            if os.path.exists(self.log_dir) and not os.path.isdir(self.log_dir):
+                raise FileExistsError(f"TensorBoard: log_dir {self.log_dir!r} is a file, not a directory")
             os.makedirs(self.log_dir, exist_ok=True)
             atomic_write(os.path.join(self.log_dir, RUN_ID_FILE), self.run_id)
         # The same run: what it wrote after its checkpoint (an interrupted epoch) is purged
