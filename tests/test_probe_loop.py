@@ -195,12 +195,7 @@ def test_an_iterable_trains_each_batch_once_per_epoch_or_names_what_is_wrong(exa
                 run()
             assert tally.steps < len(sizes)  # the batch that passes it is never trained on
             return
-        if n > total and epochs > 0:  # an error at the end of an epoch that streamed fewer
-            with pytest.raises(ValueError, match=rf"^x yielded {total} examples in epoch 1 but num_data={n}: "):
-                run()
-            assert tally.steps == len(sizes)
-            return
-        result = run()
+        result = run()  # an epoch of fewer than num_data examples: a dropped batch, a shard, a subsample
         assert len(result.history) == epochs
         assert tally.steps == epochs * len(sizes)
         assert tally.epochs == [(len(sizes), list(range(total)))] * epochs
@@ -653,7 +648,7 @@ def test_an_iterable_that_yields_nothing_the_second_time_is_named():
 
 @pytest.mark.parametrize("num_data", [30, 59, 61, 120, 600, 6000])
 @pytest.mark.parametrize("kind", ["list", "unsized", "generator"])
-def test_an_iterable_streams_exactly_num_data_examples_each_epoch(kind, num_data):
+def test_an_iterable_streams_at_most_num_data_examples_each_epoch(kind, num_data):
     x, y = _labelled(60)
     batches = _batches(x, y, [10] * 6)  # 60 examples
     tally = Tally()
@@ -664,34 +659,37 @@ def test_an_iterable_streams_exactly_num_data_examples_each_epoch(kind, num_data
         with pytest.raises(ValueError, match=message):
             _fit(_classifier(), _as(kind, batches), num_data=num_data, callbacks=[tally])
         assert tally.steps == num_data // 10
-    else:
-        with pytest.raises(ValueError, match=rf"^x yielded 60 examples in epoch 1 but num_data={num_data}: "):
-            _fit(_classifier(), _as(kind, batches), num_data=num_data, callbacks=[tally])
-        assert tally.steps == 6
+    else:  # a subsample of num_data examples: every batch trains, the data term scaled by num_data
+        assert _training_run_num_data(_classifier(), _as(kind, batches), num_data=num_data) == num_data
     if kind != "generator":  # the second epoch is counted too
         assert len(_fit(_classifier(), _as(kind, batches), num_data=60, epochs=2).history) == 2
 
 
 @pytest.mark.parametrize("num_data", [30, 59, 61, 120, 600])
-def test_a_dataloader_over_a_sized_dataset_has_its_length_as_num_data(num_data):
+def test_a_dataloader_over_a_sized_dataset_has_its_length_as_num_data_by_default(num_data):
     x, y = _labelled(60)
     loader = DataLoader(TensorDataset(x, y), batch_size=10)
-    message = rf"^num_data={num_data} but x \(DataLoader\) holds 60 training examples \(len of its dataset\)"
-    tally = Tally()
-    with pytest.raises(ValueError, match=message):
-        _fit(_classifier(), loader, num_data=num_data, callbacks=[tally])
-    assert tally.steps == 0  # up front
-    given = _fit(_classifier(), loader, num_data=60, epochs=2)
-    default = _fit(_classifier(), loader, epochs=2)
-    assert [h["mean_loss"] for h in given.history] == [h["mean_loss"] for h in default.history]
+    assert _training_run_num_data(_classifier(), loader) == 60
+    if num_data < 60:
+        with pytest.raises(ValueError, match=rf"^x yielded more than num_data={num_data} examples in epoch 1 "):
+            _fit(_classifier(), loader, num_data=num_data)
+    else:  # the loader's examples as a subsample of num_data
+        assert _training_run_num_data(_classifier(), loader, num_data=num_data) == num_data
 
 
-def test_a_subset_sampler_trains_on_its_indices():
+@pytest.mark.parametrize(
+    "sampler",
+    [SubsetRandomSampler(range(30)), list(range(30))],
+    ids=["SubsetRandomSampler", "a list of indices"],
+)
+def test_a_sampler_of_its_own_gives_the_loaders_default_num_data(sampler):
     x, y = _labelled(60)
-    loader = DataLoader(TensorDataset(x, y), batch_size=10, sampler=SubsetRandomSampler(range(30)))
-    with pytest.raises(ValueError, match=r"^num_data=60 but x \(DataLoader\) holds 30 training examples \(len of"):
-        _fit(_classifier(), loader, num_data=60)
-    assert _fit(_classifier(), loader, num_data=30, objective="penalized").history  # N = 30, the default too
+    loader = DataLoader(TensorDataset(x, y), batch_size=10, sampler=sampler)
+    assert _training_run_num_data(_classifier(), loader) == 30  # N = 30, the sampler's indices
+    batch_sampler = torch.utils.data.BatchSampler(sampler, batch_size=10, drop_last=False)
+    assert _training_run_num_data(_classifier(), DataLoader(TensorDataset(x, y), batch_sampler=batch_sampler)) == 30
+    with pytest.raises(ValueError, match=r"^x yielded more than num_data=20 examples in epoch 1 "):
+        _fit(_classifier(), loader, num_data=20)
 
 
 def _training_run_num_data(model, data, **kwargs):
@@ -775,3 +773,19 @@ def test_the_devices_that_train_are_accepted(device):
     x, y = _labelled(8)
     result = _fit(_classifier(), x, y, device=device)
     assert result.device.type in ("cpu", "cuda")
+
+
+def test_a_check_without_values_reads_only_shapes_and_dtypes():
+    """Batches already on an accelerator are checked by shape and dtype after each epoch's first (no host read)."""
+    from l0bayes.inference.data_checks import DataCheck
+
+    check = DataCheck(_classifier())
+    x, y = _labelled(8)
+    names = ("the x", "the y")
+    spoilt_x, spoilt_y = x.clone().fill_(math.nan), (y + 3).int()
+    _, labels = check(spoilt_x, spoilt_y, names, values=False)
+    assert labels.dtype == torch.int64  # converted all the same
+    with pytest.raises(ValueError, match=r"^the x contains NaN or infinite values$"):
+        check(spoilt_x, y, names)
+    with pytest.raises(ValueError, match=r"^the x has 3 features"):
+        check(x[:, :3], y, names, values=False)

@@ -84,9 +84,11 @@ class IterableBatches:
     (a generator, ``iter(batches)``: exhausted after one pass) trains one epoch, and the full record takes its
     first batches as they stream: nothing is consumed that is not trained on.
 
-    :param num_data: the number of training examples ``N`` (the data term is scaled by ``N/B``); for a
-        ``DataLoader`` over a dataset with a length, ``None`` or ``len(data.dataset)`` (``len(sampler)`` for a
-        ``SubsetRandomSampler``), another number is a ``ValueError``.
+    :param num_data: the number of training examples ``N`` (the data term is scaled by ``N/B``); by default, for
+        a ``DataLoader`` over a dataset with a length, ``len(data.dataset)`` (the length of its sampler where that
+        is one of its own, e.g. a ``SubsetRandomSampler`` or a list of indices). An epoch may stream fewer
+        examples (a dropped last batch, a rank's shard, a subsample of the ``N``); one that streams more is a
+        ``ValueError`` naming ``num_data``.
     :param check: ``check(x, y, names) -> (x, y)``, the checks of one batch (by default none).
     """
 
@@ -113,13 +115,8 @@ class IterableBatches:
             )
         if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
             raise ValueError(f"num_data must be a positive integer, got {num_data!r}")
-        if dataset_size is not None and num_data != dataset_size:
-            raise ValueError(
-                f"num_data={num_data} but x ({type(data).__name__}) holds {dataset_size} training examples "
-                f"(len of its {_size_source(data)}): the data term is scaled by the number of training examples; "
-                "leave num_data=None for a DataLoader over a dataset with a length"
-            )
-        self.counted = dataset_size is None  # every epoch of another iterable streams exactly num_data examples
+        # An epoch streams at most num_data examples: fewer where a last batch is dropped, a rank takes its shard
+        # or the data are a subsample of the N training examples; more means num_data is not N.
         self.num_data = num_data
         self.batch_size = None
         self._streamed = _StreamedExamples() if self.one_shot else None
@@ -137,9 +134,9 @@ class IterableBatches:
                     f"x yielded more batches in epoch {run.epoch + 1} than its len(), {self.steps_per_epoch}: "
                     "an epoch is one pass over an iterable"
                 )
-            x, y = self._checked(batch, where)
+            x, y = self._checked(batch, where, values=index == 1)
             examples += len(x)
-            if self.counted and examples > self.num_data:
+            if examples > self.num_data:
                 raise ValueError(
                     f"x yielded more than num_data={self.num_data} examples in epoch {run.epoch + 1} ({examples} "
                     f"by {where}): an epoch of an iterable of batches is one pass over exactly num_data examples "
@@ -157,20 +154,18 @@ class IterableBatches:
             )
             raise ValueError(f"the training data is empty: x yielded no batches in epoch {run.epoch + 1}{again}")
         self._yielded = True
-        if self.counted and examples < self.num_data:
-            raise ValueError(
-                f"x yielded {examples} examples in epoch {run.epoch + 1} but num_data={self.num_data}: an epoch of an "
-                "iterable of batches is one pass over exactly num_data examples (the data term is scaled by it); "
-                "give the number of training examples as num_data"
-            )
 
-    def _checked(self, batch, where):
-        """The batch as ``(x, y)`` on the model's terms, or a clear error naming it."""
+    def _checked(self, batch, where, values=True):
+        """The batch as ``(x, y)`` on the model's terms, or a clear error naming it. Its values (finite, labels in
+        range) are read where that costs no device synchronisation: batches on the CPU, and the first batch of
+        each epoch of batches already on an accelerator (``values``)."""
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             raise TypeError(f"{where} must be a pair (x, y), got {type(batch).__name__}")
         if self.check is None:
             return batch[0], batch[1]
-        return self.check(batch[0], batch[1], (f"the x of {where}", f"the y of {where}"))
+        x = batch[0]
+        values = values or not torch.is_tensor(x) or x.device.type == "cpu"
+        return self.check(x, batch[1], (f"the x of {where}", f"the y of {where}"), values)
 
     def record_subset(self):
         """The full record's fixed training examples: the first batches, up to 1000 examples.
@@ -303,19 +298,18 @@ def _resident(x, y, device):
 
 def _dataset_size(data):
     """The number of training examples of a ``DataLoader`` over a dataset with a length (``None`` otherwise): the
-    dataset's, or the indices of a ``SubsetRandomSampler`` (which trains on those only)."""
-    sampler = getattr(data, "sampler", None)
-    if isinstance(sampler, torch.utils.data.SubsetRandomSampler):
-        return len(sampler)
+    dataset's, or the indices its sampler draws from where that is a sampler of its own (a
+    ``SubsetRandomSampler``, a list of indices, a ``batch_sampler``'s sampler), which trains on those only."""
+    whole = (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler)
+    batch_sampler = getattr(data, "batch_sampler", None)
+    sampler = getattr(batch_sampler, "sampler", None)
+    if sampler is None:
+        sampler = getattr(data, "sampler", None)
+    if sampler is not None and not isinstance(sampler, whole) and not hasattr(sampler, "set_epoch"):
+        size = _length(sampler)  # a DistributedSampler (set_epoch) holds one rank's shard: N is the dataset's
+        if size is not None:
+            return size
     return _length(getattr(data, "dataset", None))
-
-
-def _size_source(data):
-    return (
-        "SubsetRandomSampler"
-        if isinstance(getattr(data, "sampler", None), torch.utils.data.SubsetRandomSampler)
-        else "dataset"
-    )
 
 
 def _length(obj):

@@ -31,7 +31,9 @@ class DataCheck:
     """:func:`check_data` with what it reads of the model (its dtype, first layer, targets) read once.
 
     ``DataCheck(model)(x, y, names)`` checks one pair of tensors, e.g. every batch of an iterable as it
-    streams: a few reductions over the batch (its minimum and maximum), no copy of it.
+    streams: a few reductions over the batch (its minimum and maximum), no copy of it. With ``values=False``
+    only what the tensors' shapes and dtypes say is checked: nothing is read back from the device (for batches
+    already on an accelerator, where a read every step would stall it).
     """
 
     def __init__(self, model):
@@ -43,7 +45,7 @@ class DataCheck:
         self.target_type = getattr(model, "target_type", None)
         self.num_classes = getattr(model, "num_classes", None)
 
-    def __call__(self, x, y, names):
+    def __call__(self, x, y, names, values=True):
         xn, yn = names
         if not torch.is_tensor(x) or not torch.is_tensor(y):
             kinds = ", ".join(type(v).__name__ for v in (x, y))
@@ -62,9 +64,9 @@ class DataCheck:
                 f"{xn} has dtype {x.dtype} but the model's parameters are {dtype}: {_conversion(xn, x, dtype)}"
             )
         self._check_features(x, xn)
-        if not all_finite(x):
+        if values and not all_finite(x):
             raise ValueError(f"{xn} contains NaN or infinite values")
-        return x, self._check_targets(x, y, names)
+        return x, self._check_targets(x, y, names, values)
 
     def _check_features(self, x, xn):
         """``x`` fits the model's first layer: a regression's ``num_features``, a sequential network's first layer."""
@@ -91,7 +93,7 @@ class DataCheck:
                 f"{layer.in_channels}, got {tuple(x.shape)}"
             )
 
-    def _check_targets(self, x, y, names):
+    def _check_targets(self, x, y, names, values=True):
         """The targets the model's ``target_type`` asks for (the data are on the model's terms after this).
 
         ``"classes"``: integer labels in ``[0, num_classes)`` (as ``int64``); ``"binary"``: 0 or 1; ``"real"``:
@@ -102,19 +104,21 @@ class DataCheck:
         kind, owner, num_classes = self.target_type, self.owner, self.num_classes
         if kind is not None and y.shape != x.shape[:1]:
             raise ValueError(f"{yn} must have shape ({x.shape[0]},), one target per row of {xn}, got {tuple(y.shape)}")
-        if y.is_floating_point() and not all_finite(y):
+        if values and y.is_floating_point() and not all_finite(y):
             raise ValueError(f"{yn} contains NaN or infinite values")
         integer = not (y.is_floating_point() or y.is_complex() or y.dtype == torch.bool)
         if kind == "classes" and not integer:
             limit = f"[0, {num_classes})" if num_classes is not None else ">= 0"
             raise TypeError(f"{yn} has dtype {y.dtype}, but {owner} needs integer class labels in {limit}")
+        if (kind == "classes" or (kind is None and integer and num_classes is not None)) and not values:
+            return y.long() if kind == "classes" else y
         if kind == "classes" or (kind is None and integer and num_classes is not None):
             low, high = (int(v) for v in torch.aminmax(y))
             if low < 0 or (num_classes is not None and high >= num_classes):
                 limit = f"[0, {num_classes})" if num_classes is not None else "[0, ...)"
                 raise ValueError(f"{yn}: class labels must lie in {limit}, got range [{low}, {high}]")
             return y.long() if kind == "classes" else y
-        if kind == "binary":
+        if kind == "binary" and values:
             if not bool(((y == 0) | (y == 1)).all()):
                 low, high = (float(v) for v in torch.aminmax(y.double()))
                 raise ValueError(f"{yn}: {owner} needs binary labels, 0 or 1, got values in [{low:g}, {high:g}]")

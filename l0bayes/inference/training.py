@@ -104,12 +104,12 @@ def train(
         one pass, which must yield a batch, and at most ``len(x)`` batches. An iterator (a generator,
         ``iter(batches)``), used up by one pass, trains one epoch: ``epochs > 1`` is a ``ValueError``.
     :param num_data: ``N``, the number of training examples, for an iterable of batches that is not a
-        ``DataLoader`` over a sized dataset: each epoch must stream exactly ``num_data`` examples (counted as
-        they stream: more is a ``ValueError`` as soon as the count passes it, so an endless iterable such as
-        ``itertools.cycle`` is an error, fewer is one at the end of the epoch). With tensors, ``None`` (``N`` is
-        the number of rows of ``x``); with a ``DataLoader`` over a sized dataset, ``None`` (``N`` is
-        ``len(dataset)``; its epochs may drop a last batch or shard the data). Another number is a
-        ``ValueError``.
+        ``DataLoader`` over a sized dataset (for one, ``len(dataset)`` by default, or its own sampler's length,
+        e.g. a ``SubsetRandomSampler``'s). An epoch may stream fewer examples (a dropped last batch, a rank's
+        shard, a subsample of the ``N``), never more: they are counted as they stream, and a ``ValueError``
+        names ``num_data`` as soon as the count passes it (so an endless iterable such as ``itertools.cycle``
+        is an error). With tensors, ``None`` or the number of rows of ``x`` (another number is a
+        ``ValueError``).
     :param str objective: ``"bayes"``: SVI on the free energy of Eq. 21 with
         ``TraceMeanField_ELBO`` (analytic gate KL, code cost as a factor); ``"penalized"``:
         Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to the pruned model keeping at most
