@@ -16,6 +16,7 @@ __all__ = [
     "CheckedBatches",
     "IterableBatches",
     "TensorBatches",
+    "checked_batch",
     "held_out_batches",
     "make_batches",
     "random_state_kept",
@@ -159,13 +160,9 @@ class IterableBatches:
         """The batch as ``(x, y)`` on the model's terms, or a clear error naming it. Its values (finite, labels in
         range) are read where that costs no device synchronisation: batches on the CPU, and the first batch of
         each epoch of batches already on an accelerator (``values``)."""
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise TypeError(f"{where} must be a pair (x, y), got {type(batch).__name__}")
-        if self.check is None:
-            return batch[0], batch[1]
-        x = batch[0]
+        x = batch[0] if isinstance(batch, (tuple, list)) and batch else None
         values = values or not torch.is_tensor(x) or x.device.type == "cpu"
-        return self.check(x, batch[1], (f"the x of {where}", f"the y of {where}"), values)
+        return checked_batch(self.check, batch, where, values)
 
     def record_subset(self):
         """The full record's fixed training examples: the first batches, up to 1000 examples.
@@ -243,13 +240,20 @@ class CheckedBatches:
 
     def __iter__(self):
         for index, batch in enumerate(self.data, 1):
-            where = f"batch {index} of {self.name}"
-            if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-                raise TypeError(f"{where} must be a pair (x, y), got {type(batch).__name__}")
-            yield self.check(batch[0], batch[1], (f"the x of {where}", f"the y of {where}"))
+            yield checked_batch(self.check, batch, f"batch {index} of {self.name}")
 
     def __len__(self):
         return len(self.data)
+
+
+def checked_batch(check, batch, where, values=True):
+    """``batch`` as ``(x, y)``, checked by ``check`` (a :class:`~l0bayes.inference.data_checks.DataCheck`, or
+    ``None`` for none; ``values`` as it takes them), or a clear error naming it (``where``: e.g. "batch 3 of x")."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise TypeError(f"{where} must be a pair (x, y), got {type(batch).__name__}")
+    if check is None:
+        return batch[0], batch[1]
+    return check(batch[0], batch[1], (f"the x of {where}", f"the y of {where}"), values)
 
 
 def held_out_batches(data, batch_size=EVALUATION_BATCH):
