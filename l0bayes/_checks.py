@@ -106,5 +106,8 @@ def check_seed(seed, name="seed"):
 
 
 def whole(value):
-    """A value that passed a ``COUNT`` / ``SEED`` rule as a Python ``int``."""
+    """A value that passed a ``COUNT`` / ``SEED`` rule (a whole number) as a Python ``int``: an integer exactly, a
+    float such as ``3.0`` (or a one-element tensor) through ``float``."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
     return int(math.floor(float(value)))

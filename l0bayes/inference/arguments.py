@@ -6,7 +6,7 @@ import numbers
 import numpy as np
 import torch
 
-from .._checks import check_seed
+from .._checks import check_seed, whole
 from ..threads import choose_threads
 from .batches import is_iterator
 from .callbacks.base import Callback
@@ -48,11 +48,6 @@ def _whole(v, low):
         return int(v) >= low
     f = float(v)
     return math.isfinite(f) and f == math.floor(f) and f >= low
-
-
-def _count(v):
-    """A whole number (one that passed :func:`_whole`) as a Python ``int``, exactly."""
-    return int(v) if isinstance(v, numbers.Integral) else int(float(v))
 
 
 def _count_rules(name, low):
@@ -174,7 +169,7 @@ _ARGUMENT_RULES = (
     *_count_rules("record_every", 1),
     (
         lambda a: is_iterator(a["x"]),
-        lambda a: _count(a["epochs"]) <= 1,
+        lambda a: whole(a["epochs"]) <= 1,
         lambda a: (
             f"x is an iterator ({type(a['x']).__name__}), used up by one epoch, but epochs={a['epochs']!r}: pass "
             "an iterable that can be iterated once per epoch (a list of (x, y) batches, a DataLoader), or epochs=1"
@@ -193,7 +188,7 @@ _ARGUMENT_RULES = (
     ),
     (
         lambda a: a["num_data"] is not None and torch.is_tensor(a["x"]) and a["x"].dim() >= 1,
-        lambda a: _count(a["num_data"]) == a["x"].shape[0],
+        lambda a: whole(a["num_data"]) == a["x"].shape[0],
         lambda a: (
             f"num_data={a['num_data']!r} but x holds {a['x'].shape[0]} rows: with tensors the number of training "
             "examples is x's; num_data= is for an iterable of batches (leave it None)"
@@ -332,7 +327,7 @@ def check_arguments(args, x, y):
     args["seed"] = check_seed(args["seed"])  # (torch.manual_seed raised "Overflow when unpacking long long")
     for name in ("epochs", "batch_size", "record_every", "num_data"):  # whole numbers as Python ints
         if args[name] is not None:
-            args[name] = _count(args[name])
+            args[name] = whole(args[name])
     args["callbacks"] = () if args["callbacks"] is None else args["callbacks"]
     for holds, error, message in _DATA_RULES:
         if not holds(x, y):
