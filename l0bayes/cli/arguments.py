@@ -54,62 +54,44 @@ def _integer(value, what):
     raise OptionError(f"must be {what}, got {_shown(value)}")
 
 
-def check_positive_int(value):
-    what = "a positive integer"
-    number = _integer(value, what)
-    if number < 1:
-        raise OptionError(f"must be {what}, got {_shown(value)}")
-    return number
+def _bounded(name, convert, what, holds, doc=None):
+    """A checker ``check_<name>(value)``: ``value`` converted by ``convert`` (:func:`_integer` or
+    :func:`_number`), then held to ``holds(number)``; an :class:`OptionError` saying ``what`` is accepted."""
+
+    def check(value):
+        number = convert(value, what)
+        if not holds(number):
+            raise OptionError(f"must be {what}, got {_shown(value)}")
+        return number
+
+    check.__name__ = check.__qualname__ = f"check_{name}"
+    check.__doc__ = doc or f"{what[0].upper()}{what[1:]}."
+    return check
 
 
-def check_threads(value):
-    what = f"a positive integer, at most {MAX_THREADS}"
-    number = _integer(value, what)
-    if not 1 <= number <= MAX_THREADS:
-        raise OptionError(f"must be {what}, got {_shown(value)}")
-    return number
-
-
-def check_positive_float(value):
-    what = "a positive finite number"
-    number = _number(value, what)
-    if not (number > 0 and math.isfinite(number)):
-        raise OptionError(f"must be {what}, got {_shown(value)}")
-    return number
-
-
-def check_cost(value):
-    """A code cost or weight decay: a number in ``[0, MAX_COST]``."""
-    what = f"a number in [0, {MAX_COST:g}]"
-    number = _number(value, what)
-    if not 0 <= number <= MAX_COST:
-        raise OptionError(f"must be {what}, got {_shown(value)}")
-    return number
-
-
-def check_seed(value):
-    """A whole number in ``[0, 2**64)``: what ``torch.manual_seed`` accepts (l0bayes._checks.check_seed)."""
-    what = "a whole number in [0, 2**64)"
-    number = _integer(value, what)
-    if not 0 <= number < 2**64:
-        raise OptionError(f"must be {what}, got {_shown(value)}")
-    return number
-
-
-def check_fraction(value):
-    what = "a number in [0, 1)"
-    number = _number(value, what)
-    if not 0.0 <= number < 1.0:
-        raise OptionError(f"must be {what}, got {_shown(value)}")
-    return number
-
-
-def check_probability(value):
-    what = "a number in (0, 1)"
-    number = _number(value, what)
-    if not 0.0 < number < 1.0:
-        raise OptionError(f"must be {what}, got {_shown(value)}")
-    return number
+check_positive_int = _bounded("positive_int", _integer, "a positive integer", lambda n: n >= 1)
+check_threads = _bounded(
+    "threads", _integer, f"a positive integer, at most {MAX_THREADS}", lambda n: 1 <= n <= MAX_THREADS
+)
+check_positive_float = _bounded(
+    "positive_float", _number, "a positive finite number", lambda n: n > 0 and math.isfinite(n)
+)
+check_cost = _bounded(
+    "cost",
+    _number,
+    f"a number in [0, {MAX_COST:g}]",
+    lambda n: 0 <= n <= MAX_COST,
+    "A code cost or weight decay: a number in ``[0, MAX_COST]``.",
+)
+check_seed = _bounded(
+    "seed",
+    _integer,
+    "a whole number in [0, 2**64)",
+    lambda n: 0 <= n < 2**64,
+    "A whole number in ``[0, 2**64)``: what ``torch.manual_seed`` accepts (l0bayes._checks.check_seed).",
+)
+check_fraction = _bounded("fraction", _number, "a number in [0, 1)", lambda n: 0.0 <= n < 1.0)
+check_probability = _bounded("probability", _number, "a number in (0, 1)", lambda n: 0.0 < n < 1.0)
 
 
 def check_log_alpha_range(value):
