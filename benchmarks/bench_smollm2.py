@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tables import format_table  # noqa: E402
 
 from l0bayes.inference import parameter_groups, train  # noqa: E402
+from l0bayes.inference.callbacks import Callback  # noqa: E402
 from l0bayes.models import Distillation, PlainModel, SparseModel  # noqa: E402
 from l0bayes.pruning import count_parameters, fix_architecture, network_size, prune, sparsify_transformer  # noqa: E402
 
@@ -119,6 +120,7 @@ def parse_args(argv=None):
     p.add_argument("--calibration-batches", type=int, default=4, help="batches for Taylor importance, block influence")
     p.add_argument("--timing-steps", type=int, default=3, help="training steps timed, gated and dense alternately")
     p.add_argument("--timing-repeats", type=int, default=3, help="forward passes timed per model and batch size")
+    p.add_argument("--print-every", type=int, default=10, help="a progress line every this many mask steps (ours)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--model-dir", type=Path, default=MODEL_DIR, help="where the converted model is saved once")
     p.add_argument("--tiny", action="store_true", help="a random tiny Llama and bytes as tokens (a smoke test)")
@@ -452,6 +454,7 @@ def method_ours(base, data, args, seed):
             device="cpu",
             seed=seed,
             threads=args.threads,
+            callbacks=[PrintProgress(args.print_every)],
         )
     mask_s, mask_cpu_s = clock.seconds()
     gated.eval()
@@ -479,6 +482,24 @@ def method_ours(base, data, args, seed):
     info.update(finetune_with(small, data["train"], args.steps - mask_steps, args, seed, distillation(teacher, args)))
     info["steps"] = args.steps
     return small, info
+
+
+class PrintProgress(Callback):
+    """A line every ``every`` steps of the mask learning: the loss, the expected fraction of the parameters kept
+    (``constraint``) and the multipliers, so that a long run shows where it stands."""
+
+    def __init__(self, every):
+        self.every, self.clock = every, Clock()
+
+    def on_epoch_end(self, run, record):
+        if run.epoch % self.every == 0 or record.get("full_record"):
+            shown = {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in record.items()
+                if k in ("loss", "constraint", "multiplier", "multipliers", "test_time_density")
+            }
+            wall, cpu = self.clock.seconds()
+            print(f"  mask step {run.epoch}: {shown} ({wall:.0f} s, {cpu:.0f} s of CPU)", flush=True)
 
 
 @torch.no_grad()
@@ -772,6 +793,7 @@ def main(argv=None):
             if method != "dense" and seed == args.seeds[0]:
                 info["throughput"] = throughput(base, model.eval(), data["eval"], args)
             record["runs"].append(info)
+            (out / "results.json").write_text(json.dumps(record, indent=1))  # kept as the runs finish
             print(
                 f"seed {seed} {method}: perplexity {info['ppl_pruned']:.3f} after pruning, {info['ppl']:.3f} after "
                 f"training; {info['parameters'] / 1e6:.2f}M parameters; {info['seconds']:.1f} s "

@@ -194,3 +194,61 @@ def test_train_names_the_first_non_finite_step_on_each_device(device):
     x, y = _sparse_regression(n=200, p=5)
     with pytest.raises(NonFiniteLossError, match=r"epoch 1, step 1[ ;]"):
         train(SparseLinearRegression(5), x, y * 1e30, epochs=2, batch_size=50, progress=False, device=device)
+
+
+class _RowCounter(torch.nn.Module):
+    """A gated network (gates that stay open: log_alpha 30, so every draw is exactly 1) that remembers the largest
+    number of rows any forward pass saw."""
+
+    def __init__(self):
+        super().__init__()
+        from l0bayes.pruning import sparsify
+
+        torch.manual_seed(0)
+        self.body = sparsify(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)))
+        for _, gate in gates_of_net(self.body):
+            gate.log_alpha.data.fill_(30.0)
+        self.most = 0
+
+    def forward(self, x):
+        self.most = max(self.most, x.shape[0])
+        return self.body(x).squeeze(-1)
+
+
+def gates_of_net(net):
+    from l0bayes.nn import gates_of
+
+    return gates_of(net)
+
+
+@pytest.mark.parametrize("as_loader", [False, True])
+def test_the_full_record_and_held_out_metrics_run_one_training_batch_at_a_time(as_loader):
+    """A record of the fixed training examples (up to 1000) and of held-out data runs the network on no more rows
+    than a training step: a language model's record would otherwise hold a thousand sequences' logits at once.
+    The chunked record is the whole subset's: the data term equals N times the mean loss over all its rows."""
+    from l0bayes.models import SparseModel
+
+    torch.manual_seed(1)
+    x, y = torch.randn(50, 3), torch.randn(50)
+    net = _RowCounter()
+    model = SparseModel(net, torch.nn.functional.mse_loss, lam=0.0)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8) if as_loader else x
+    result = train(
+        model,
+        data,
+        None if as_loader else y,
+        objective="penalized",
+        epochs=1,
+        batch_size=8,
+        test_data=(x, y),
+        validation_data=(x, y),
+        progress=False,
+        device="cpu",
+    )
+    assert net.most == 8
+    record = result.history[-1]  # after the epoch's steps: the trained weights'
+    with torch.no_grad():
+        mean_loss = float(torch.nn.functional.mse_loss(net.body(x).squeeze(-1), y))
+    assert record["nll"] == pytest.approx(50 * mean_loss, rel=1e-5)
+    assert record["test_loss"] == pytest.approx(mean_loss, rel=1e-5)
+    assert record["validation_loss"] == pytest.approx(mean_loss, rel=1e-5)

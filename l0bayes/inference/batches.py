@@ -57,6 +57,11 @@ class TensorBatches:
         take = min(self.num_data, max(self.batch_size, RECORD_EXAMPLES))
         return self.x[:take], self.y[:take]
 
+    def record_rows(self):
+        """Rows per forward pass of the full record and the held-out metrics: a training step's (this process's
+        minibatch), so that recording needs no more memory than a step."""
+        return self.local_batch
+
     def state_dict(self):
         return {"shuffle": self.shuffle.get_state()}
 
@@ -121,6 +126,7 @@ class IterableBatches:
         self.num_data = num_data
         self.batch_size = None
         self._streamed = _StreamedExamples() if self.one_shot else None
+        self._rows = None
         self._yielded = False  # whether a pass over the data has yielded a batch yet
 
     def __call__(self, run):
@@ -184,7 +190,15 @@ class IterableBatches:
         if not xs:
             raise ValueError("the training data is empty: x yielded no batches")
         self._yielded = True
+        self._rows = xs[0].shape[0]
         return torch.cat(xs), torch.cat(ys)
+
+    def record_rows(self):
+        """Rows per forward pass of the full record and the held-out metrics: the first batch's, so that recording
+        needs no more memory than a step (``None`` before any batch was read)."""
+        if self._streamed is not None:
+            return self._streamed.rows
+        return self._rows
 
     def state_dict(self):
         return {}
@@ -205,6 +219,11 @@ class _StreamedExamples:
             self.xs.append(x.detach().clone())
             self.ys.append(y.detach().clone())
             self.count += x.shape[0]
+
+    @property
+    def rows(self):
+        """The first batch's rows (``None`` before it streamed)."""
+        return self.xs[0].shape[0] if self.xs else None
 
     def __iter__(self):
         if not self.xs:

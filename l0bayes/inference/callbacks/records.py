@@ -77,23 +77,51 @@ def _full_record(run, train_subset, test_data, input_shape, validation_data):
     model, device = run.model, run.device
     record = {}
     x, y = train_subset
+    rows = _record_rows(run, x.shape[0])
     with torch.no_grad():
-        terms = _free_energy_terms(model, x.to(device), y.to(device), run.num_data, run.objective.kl)
+        terms = _chunked_terms(model, x, y, device, run.num_data, run.objective.kl, rows)
     record.update(terms.as_dict())
     gates = gates_of(model)
     record["expected_l0"] = float(sum(g.expected_l0().detach() for _, g in gates))  # 0 without gates (PlainModel)
     record["active_gates"] = [int(g.active().sum()) for _, g in gates]
     if validation_data is not None:  # test_metrics' names, "validation_" for "test_"
-        metrics = test_metrics(model, validation_data, device)
+        metrics = test_metrics(model, validation_data, device, rows)
         record.update({"validation_" + k.removeprefix("test_"): v for k, v in metrics.items()})
     if test_data is not None:
-        record.update(test_metrics(model, test_data, device))
+        record.update(test_metrics(model, test_data, device, rows))
     if input_shape is not None:
         from ...pruning.size import expected_flops
 
         with torch.no_grad():
             record["expected_flops"] = float(expected_flops(getattr(model, "net", model), input_shape))
     return record
+
+
+def _record_rows(run, default):
+    """Rows per forward pass of the full record: a training step's, where the run's batches say (a record of a
+    thousand sequences of a language model in one pass would need a thousand steps' activations at once)."""
+    rows = getattr(run.batches, "record_rows", lambda: None)()
+    return default if rows is None else max(1, min(int(rows), default))
+
+
+def _chunked_terms(model, x, y, device, num_data, kl, rows):
+    """:func:`_free_energy_terms` of ``(x, y)`` computed ``rows`` examples at a time, each chunk's terms weighted by
+    its share of the rows: the data term (scaled by ``N/B`` in each chunk) then sums to ``N/B`` times the whole
+    subset's, and the terms of the gates (the same in every chunk up to their Monte Carlo draws) are averaged."""
+    total = x.shape[0]
+    if rows >= total:
+        return _free_energy_terms(model, x.to(device), y.to(device), num_data, kl)
+    sums = None
+    for start in range(0, total, rows):
+        xb, yb = x[start : start + rows].to(device), y[start : start + rows].to(device)
+        part = _free_energy_terms(model, xb, yb, num_data, kl)
+        weight = xb.shape[0] / total
+        values = [torch.as_tensor(getattr(part, name)).detach() * weight for name in _TERMS]
+        sums = values if sums is None else [a + b for a, b in zip(sums, values, strict=True)]
+    return FreeEnergy(**dict(zip(_TERMS, sums, strict=True)))
+
+
+_TERMS = ("nll", "gate_kl", "other_kl", "code_cost")
 
 
 def _free_energy_terms(model, x, y, num_data, kl):
@@ -113,9 +141,11 @@ def _free_energy_terms(model, x, y, num_data, kl):
     return FreeEnergy(nll=nll, gate_kl=zero if gate_kl is None else gate_kl, other_kl=zero, code_cost=code_cost)
 
 
-def test_metrics(model, test_data, device):
+def test_metrics(model, test_data, device, rows=None):
     """``test_error`` of a classifier, ``test_rmse`` of a Gaussian linear regression, ``test_loss`` of a model
-    with its own loss function (the mean over the test examples), at test time (Eq. 13 gates)."""
+    with its own loss function (the mean over the test examples), at test time (Eq. 13 gates). Held-out tensors
+    are read ``rows`` at a time (by default :data:`~l0bayes.inference.batches.EVALUATION_BATCH`); an iterable in
+    its own batches."""
     was_training = model.training
     model.eval()
     wrong = count = 0
@@ -123,7 +153,7 @@ def test_metrics(model, test_data, device):
     kind = None
     try:
         with torch.no_grad():
-            for xb, yb in held_out_batches(test_data):
+            for xb, yb in held_out_batches(test_data, *(() if rows is None else (rows,))):
                 xb, yb = xb.to(device), yb.to(device)
                 metric = getattr(model, "test_metric", None)
                 if metric == "test_loss":
