@@ -76,6 +76,41 @@ def test_loss_equals_scipy(dtype, tol, temperature, alpha):
     assert abs(float(loss) - expected) <= tol * max(1.0, abs(expected))
 
 
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("temperature, alpha", [(1.0, 0.5), (2.0, 0.5), (1.0, 1.0), (0.5, 0.0)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_token_counted_equals_scipy_and_the_copying_path(dtype, tol, temperature, alpha, causal, monkeypatch):
+    """With every token counted the loss reads the logits in place (one log_softmax of the student for both
+    terms); its value equals scipy's and its gradient the gradient through the counted tokens copied out, the
+    path taken when some label is ignored (a teacher that rules a class out included)."""
+    g = torch.Generator().manual_seed(3)
+    student = (3 * torch.randn(3, 7, 11, generator=g, dtype=torch.float64)).to(dtype)
+    teacher = (3 * torch.randn(3, 7, 11, generator=g, dtype=torch.float64)).to(dtype)
+    teacher[1, 2, 4] = float("-inf")
+    labels = torch.randint(0, 11, (3, 7), generator=g)
+    distillation = Distillation(nn.Linear(1, 1), temperature=temperature, alpha=alpha, causal=causal)
+    fast = student.clone().requires_grad_(True)
+    with monkeypatch.context() as patch:  # the in-place path, not the copies
+        patch.setattr(Distillation, "_exact_token_losses", None)
+        loss = distillation(output_of(fast, teacher), labels)
+    loss.backward()
+    expected = reference(student, teacher, labels, temperature, alpha, causal=causal)
+    assert loss.dtype == dtype and abs(float(loss.detach()) - expected) <= tol * max(1.0, abs(expected))
+    copied = student.clone().requires_grad_(True)  # the other path: an extra sequence whose labels are all ignored
+    padded = torch.cat([labels, torch.full((1, 7), -100)])
+    distillation(output_of(torch.cat([copied, student[:1]]), torch.cat([teacher, teacher[:1]])), padded).backward()
+    assert torch.allclose(fast.grad, copied.grad, rtol=tol, atol=tol * float(copied.grad.abs().max()))
+
+
+def test_a_student_logit_of_minus_infinity_is_exact():
+    """A class the student rules out where the teacher does too adds nothing (no nan from 0 * -inf)."""
+    student = torch.tensor([[[0.3, float("-inf"), 2.0, 0.0], [1.0, float("-inf"), 0.0, 0.5]]], dtype=torch.float64)
+    teacher = torch.tensor([[[1.0, float("-inf"), 0.5, -2.0], [0.0, float("-inf"), 1.0, 0.0]]], dtype=torch.float64)
+    labels = torch.tensor([[0, 2]])
+    loss = Distillation(nn.Linear(1, 1), alpha=0.5)(output_of(student, teacher), labels)
+    assert float(loss) == pytest.approx(reference(student, teacher, labels, 1.0, 0.5), rel=1e-12)
+
+
 def test_aligned_labels_of_a_classifier_equal_scipy():
     g = torch.Generator().manual_seed(2)
     student, teacher = torch.randn(9, 5, generator=g, dtype=torch.float64), torch.randn(9, 5, generator=g).double()

@@ -215,20 +215,51 @@ class Distillation:
         dtype = torch.promote_types(student.dtype, torch.float32)
         student, teacher = student.to(dtype), teacher.to(dtype)
         labels = self._labels(target, student)
-        if self.causal:
-            student, teacher = student[..., :-1, :], teacher[..., :-1, :]
-            labels = labels[..., 1:]
+        if self.causal:  # position t predicts label t + 1; the last position predicts nothing
+            ignored = labels.new_full((*labels.shape[:-1], 1), self.ignore_index)
+            labels = torch.cat([labels[..., 1:], ignored], dim=-1)
+        vocabulary = student.shape[-1]
+        student, teacher, labels = student.reshape(-1, vocabulary), teacher.reshape(-1, vocabulary), labels.reshape(-1)
         counted = labels != self.ignore_index
-        tokens = counted.sum().clamp(min=1)
-        student, teacher, labels = student[counted], teacher[counted], labels[counted]
-        loss = student.new_zeros(())
-        if self.alpha > 0:
-            kl = kl_divergence(student / self.temperature, teacher / self.temperature).sum()
-            loss = loss + self.alpha * self.temperature**2 * kl / tokens
-        if self.alpha < 1:
-            loss = loss + (1 - self.alpha) * F.cross_entropy(student, labels, reduction="sum") / tokens
+        count = int(counted.sum())
+        tokens = max(count, 1)
+        every = count == labels.numel() - (labels.numel() // target.shape[-1] if self.causal else 0)
+        if every and not bool(torch.isneginf(student).any()):
+            rows = self._token_losses(student, teacher, labels)  # no copies: the uncounted last positions weigh 0
+            loss = torch.where(counted, rows, 0.0).sum() / tokens
+        else:  # the counted tokens copied out: padding's logits may be anything
+            loss = self._exact_token_losses(student[counted], teacher[counted], labels[counted]).sum() / tokens
         if self.hidden_layers:
             loss = loss + self.hidden_weight * self._hidden_loss(output, target, dtype)
+        return loss
+
+    def _token_losses(self, student, teacher, labels):
+        r"""Each row's ``alpha T^2 KL + (1 - alpha) CE`` from one ``log_softmax`` of the student shared by both terms
+        (at ``T = 1``): :math:`\mathrm{KL} = \sum p_t \log p_t - \sum p_t \log p_s`, the first sum without
+        gradients. For finite student logits (a student logit of ``-inf`` takes :meth:`_exact_token_losses`)."""
+        t = self.temperature
+        log_p_s = F.log_softmax(student if t == 1 else student / t, dim=-1)
+        loss = 0.0
+        if self.alpha > 0:
+            with torch.no_grad():
+                log_p_t = F.log_softmax(teacher if t == 1 else teacher / t, dim=-1)
+                p_t = log_p_t.exp()
+                own = (p_t * log_p_t).nan_to_num_(nan=0.0).sum(-1)  # 0 log 0 = 0 where the teacher rules a class out
+            loss = self.alpha * t**2 * (own - (p_t * log_p_s).sum(-1))
+        if self.alpha < 1:
+            log_q = log_p_s if t == 1 else F.log_softmax(student, dim=-1)
+            picked = torch.where(labels == self.ignore_index, 0, labels)
+            loss = loss - (1 - self.alpha) * log_q.gather(-1, picked[:, None]).squeeze(-1)
+        return loss
+
+    def _exact_token_losses(self, student, teacher, labels):
+        """Each row's ``alpha T^2 KL + (1 - alpha) CE`` from :func:`kl_divergence` and ``cross_entropy``."""
+        loss = student.new_zeros(student.shape[:-1])
+        if self.alpha > 0:
+            kl = kl_divergence(student / self.temperature, teacher / self.temperature)
+            loss = loss + self.alpha * self.temperature**2 * kl
+        if self.alpha < 1:
+            loss = loss + (1 - self.alpha) * F.cross_entropy(student, labels, reduction="none")
         return loss
 
     def _labels(self, target, logits):
