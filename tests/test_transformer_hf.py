@@ -511,6 +511,41 @@ def test_train_reaches_a_target_architecture_exactly(tmp_path):
         assert float((loaded(ids[:2]).logits - logits).abs().max()) <= 1e-5 * float(logits.abs().max())
 
 
+def test_a_target_architecture_run_resumes_bit_exactly_across_its_final_phase(tmp_path, interrupt_at_epoch):
+    """A 4-epoch run to a target architecture, interrupted after its checkpoint of epoch 2 and resumed: the same
+    weights, gates, multipliers and history as the straight run (the gates fixed at the same epoch, the resume
+    crossing into the final phase), and the same pruned model; a resume with another target is refused."""
+
+    def run(**extra):
+        torch.manual_seed(0)
+        gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids(), depth=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # four epochs: the Lagrangian has not arrived when the gates are fixed
+            result = train(SparseModel(gated, _next_token_loss), ids, ids, objective="constrained",
+                           target_architecture=extra.pop("target", target), epochs=4, batch_size=32, lr=0.02,
+                           final_phase=0.5, progress=False, device="cpu", seed=1, **extra)  # fmt: skip
+        return gated, result
+
+    ids = _ids(64, seed=5)
+    target = {"num_key_value_heads": 1, "intermediate_size": 20, "num_hidden_layers": 2}
+    straight_model, straight = run()
+    checkpoint = tmp_path / "run.pt"
+    with interrupt_at_epoch(2):
+        run(checkpoint=checkpoint)
+    torch.manual_seed(99)  # the resume restores torch's random state itself
+    resumed_model, resumed = run(checkpoint=checkpoint, resume=True)
+    for (name, a), b in zip(straight_model.state_dict().items(), resumed_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert torch.equal(straight.multipliers, resumed.multipliers)
+    fixed = [h["gates_fixed"] for h in resumed.history]
+    assert fixed == [h["gates_fixed"] for h in straight.history] and fixed[:2] == [False, False] and fixed[-1]
+    assert [h["mean_loss"] for h in straight.history] == [h["mean_loss"] for h in resumed.history]
+    a, b = prune(straight_model.eval()), prune(resumed_model.eval())
+    assert a.config.to_dict() == b.config.to_dict()
+    with pytest.raises(ValueError, match=r"trained for target_architecture=\{.*'intermediate_size': 20.*asks .*16"):
+        run(checkpoint=checkpoint, resume=True, target={**target, "intermediate_size": 16})
+
+
 def test_target_architecture_only_with_the_constrained_objective():
     gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
     model, ids = SparseModel(gated, _next_token_loss), _ids(8)

@@ -316,6 +316,7 @@ class ConstrainedObjective(Objective):
             "what": self.what,
             "per_layer": self.per_layer,
             "density_at_fix": self.density_at_fix,
+            "architecture": None if self.architecture is None else self.architecture.target.as_dict(),
         }
 
     def load_state_dict(self, state):
@@ -326,6 +327,11 @@ class ConstrainedObjective(Objective):
             or bool(state["per_layer"]) != self.per_layer
             or not torch.equal(state["targets"], self.targets.cpu())
         ):
+            if what == self.what == "architecture" and state.get("architecture") is not None:
+                raise ValueError(
+                    f"the checkpoint was trained for target_architecture={state['architecture']}, this run asks "
+                    f"target_architecture={self.architecture.target.as_dict()}"
+                )
             raise ValueError(
                 f"the checkpoint was trained for target {measure_name(what)} {state['targets'].tolist()} "
                 f"(per_layer={bool(state['per_layer'])}), this run asks target {measure_name(self.what)} "
