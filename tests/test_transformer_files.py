@@ -179,3 +179,108 @@ def test_a_model_with_fewer_blocks_than_the_file_is_refused(llama, tmp_path):
         load_pruned(
             _tampered(llama, tmp_path, "model.layers", lambda args: None), model=transformers.LlamaForCausalLM(config)
         )
+
+
+class _TorchTransformer(torch.nn.Module):
+    """torch's own layers: a 2-layer encoder and a decoder layer (self- and cross-attention), and a head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(16, 4, 24, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.decoder = torch.nn.TransformerDecoderLayer(16, 4, 24, dropout=0.0, batch_first=True)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        memory = self.encoder(x)
+        return self.head(self.decoder(x, memory))
+
+
+INPUTS = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.fixture(scope="module")
+def torch_layers():
+    """Encoder layer 0 keeps 2 of its 4 heads and loses its MLP; layer 1 loses its attention and keeps 8 of its 24
+    units; the decoder layer keeps 3 self-attention heads, 1 cross-attention head."""
+    gated = sparsify_transformer(_TorchTransformer().eval(), example_inputs=INPUTS)
+    for _, gate in gates_of(gated):
+        with torch.no_grad():
+            gate.log_alpha.fill_(OPEN)
+    closed = {
+        "encoder.layers.0.l0_heads": [True, False, True, False],
+        "encoder.layers.0.l0_mlp": [False],
+        "encoder.layers.1.l0_attention": [False],
+        "encoder.layers.1.l0_units": [i < 8 for i in range(24)],
+        "decoder.l0_heads": [True, True, True, False],
+        "decoder.l0_cross_heads": [False, False, True, False],
+    }
+    for name, keep in closed.items():
+        _fix(gated, name, keep)
+    return prune(gated.eval())
+
+
+def test_torch_encoder_and_decoder_layers_round_trip(torch_layers, tmp_path):
+    """What prune makes of torch's layers (a PrunedTransformerEncoderLayer, PrunedMultiheadAttention) is described
+    in the file and rebuilt in a fresh model: the same modules and the same outputs, bit for bit."""
+    path = tmp_path / "pruned.pt"
+    save_pruned(torch_layers, path)
+    fresh = _TorchTransformer()
+    loaded, _ = load_pruned(path, model=fresh)
+    assert loaded is fresh
+    assert [(n, type(m).__name__) for n, m in loaded.named_modules()] == [
+        (n, type(m).__name__) for n, m in torch_layers.named_modules()
+    ]
+    first, second = loaded.encoder.layers
+    assert not first.feed_forward and first.self_attn.num_heads == 2 and first.linear1 is None
+    assert isinstance(second.self_attn, ZeroBranch) and second.linear1.out_features == 8
+    assert loaded.decoder.multihead_attn.num_heads == 1
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(INPUTS), torch_layers(INPUTS), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "name, change, match",
+    [
+        (
+            "encoder.layers.0.self_attn",
+            _set("num_heads", 4),
+            r"layers\.0\.self_attn' \(PrunedMultiheadAttention\)\.q_proj.*shape",
+        ),
+        (
+            "encoder.layers.0.self_attn",
+            _set("head_dim", 10**9),
+            r"self_attn' \(PrunedMultiheadAttention\)\.q_proj.*shape",
+        ),
+        ("encoder.layers.0.self_attn", _set("dropout", 2.0), r"self_attn' \(PrunedMultiheadAttention\): dropout"),
+        ("encoder.layers.0.self_attn", _set("bias", False), r"\.q_proj: the state dict holds 'bias'"),
+        ("encoder.layers.0.self_attn", _set("kdim", 0), r"kdim = 0 must be at least 1"),
+        ("encoder.layers.0", _set("feed_forward", True), r"does not describe: \['encoder\.layers\.0\.linear1'"),
+        ("encoder.layers.0", _set("feed_forward", "yes"), r"feed_forward must be True or False"),
+        (
+            "decoder.multihead_attn",
+            _set("embed_dim", 8),
+            r"decoder\.multihead_attn' \(PrunedMultiheadAttention\)\.q_proj",
+        ),
+    ],
+)
+def test_a_tampered_torch_layer_is_refused_and_the_model_is_untouched(torch_layers, tmp_path, name, change, match):
+    fresh = _TorchTransformer()
+    before = copy.deepcopy(fresh.state_dict())
+    modules = [(n, type(m)) for n, m in fresh.named_modules()]
+    with pytest.raises((CheckpointError, CheckpointTypeError), match=match):
+        load_pruned(_tampered(torch_layers, tmp_path, name, change), model=fresh)
+    assert [(n, type(m)) for n, m in fresh.named_modules()] == modules
+    for key, tensor in fresh.state_dict().items():
+        assert torch.equal(tensor, before[key])
+
+
+def test_a_pruned_torch_layer_where_the_model_has_another_is_refused(torch_layers, tmp_path):
+    path = tmp_path / "pruned.pt"
+    save_pruned(torch_layers, path)
+    fresh = _TorchTransformer()
+    fresh.encoder.layers[0] = torch.nn.Linear(16, 16)
+    match = r"PrunedTransformerEncoderLayer \(a pruned TransformerEncoderLayer\) where the model has a Linear"
+    with pytest.raises(CheckpointError, match=match):
+        load_pruned(path, model=fresh)

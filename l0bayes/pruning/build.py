@@ -30,7 +30,7 @@ from .file_checks import (
     tensors_by_owner,
     transformer_kwargs,
 )
-from .transformer.attention import ZeroBranch
+from .transformer.attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
 from .transformer.projections import is_conv1d
 
 __all__ = ["build_into", "build_pruned"]
@@ -149,12 +149,16 @@ def _place(model, twin, modules, state_dict):
             if length is not None:
                 _shorten(where, existing, length)
         elif kind in TRANSFORMER_TYPES:
-            kwargs = transformer_kwargs(f"{where} ({kind})", kind, args, tensors.get(name, {}), state_dict)
+            kwargs = transformer_kwargs(f"{where} ({kind})", kind, args, tensors, name, state_dict)
             if kind == "ZeroBranch":  # a removed branch: it takes the place of whatever module was there
                 placeholders.discard(id(existing))
                 parent._modules[child] = ZeroBranch(**kwargs)
-            else:
+            elif kind == "Conv1D":
                 _resize_conv1d(where, existing, placeholder, kwargs, tensors[name])
+            else:
+                parent._modules[child] = _pruned_torch_layer(where, kind, existing, placeholder, kwargs)
+                if kind == "PrunedMultiheadAttention":  # its projections are described next
+                    placeholders.update(id(m) for m in parent._modules[child].children())
         elif kind == "Sequential":
             children = args.get("children") if set(args) == {"children"} else None
             if not isinstance(children, list) or not all(isinstance(c, str) for c in children):
@@ -187,6 +191,29 @@ def _place(model, twin, modules, state_dict):
         raise ValueError(f"the model has modules the file does not describe: {missing[:5]}")
     for name, where, changed in resized:
         _check_share(where, changed, name, _locate(model, name)[2], tensors)
+
+
+#: What torch's transformer layers become when pruned: the file's type -> the model's layer it replaces.
+_PRUNED_TORCH = {
+    "PrunedMultiheadAttention": nn.MultiheadAttention,
+    "PrunedTransformerEncoderLayer": nn.TransformerEncoderLayer,
+}
+
+
+def _pruned_torch_layer(where, kind, existing, placeholder, kwargs):
+    """The pruned form of a torch transformer layer of the model's twin: a
+    :class:`~l0bayes.pruning.transformer.PrunedMultiheadAttention` of the file's sizes (its projections on the meta
+    device, which the file's ``Linear`` entries replace), or a
+    :class:`~l0bayes.pruning.transformer.PrunedTransformerEncoderLayer` around the model's layer (its norms, dropouts
+    and activation; its attention and MLP layers are described next)."""
+    replaced = _PRUNED_TORCH[kind]
+    if placeholder or type(existing) is not replaced:
+        found = "nothing" if placeholder else f"a {type(existing).__name__}"
+        raise ValueError(f"{where}: the file has a {kind} (a pruned {replaced.__name__}) where the model has {found}")
+    if kind == "PrunedTransformerEncoderLayer":
+        return PrunedTransformerEncoderLayer(existing, existing.self_attn, kwargs["feed_forward"])
+    with torch.device("meta"):
+        return PrunedMultiheadAttention(**kwargs)
 
 
 def _set_attributes(where, module, attributes):

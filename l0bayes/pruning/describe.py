@@ -10,7 +10,7 @@ attributes. :func:`~l0bayes.pruning.export.save_pruned` writes these lists besid
 from torch import nn
 
 from .select import SelectFeatures
-from .transformer.attention import ZeroBranch
+from .transformer.attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
 from .transformer.projections import is_conv1d
 
 __all__ = ["LAYER_TYPES", "PRUNED_ATTRIBUTES", "TRANSFORMER_TYPES", "describe_modules", "describe_pruned"]
@@ -69,10 +69,27 @@ PRUNED_ATTRIBUTES = (
 """The int attributes of a module that pruning a transformer lowers with its heads: the head count, under the names
 attention modules give it, the key-value heads, and the widths some attentions split or reshape by. A module of your
 own class that has any of them has them described (``args["attributes"]``), and loading sets them."""
-TRANSFORMER_TYPES = {"ZeroBranch": ("pair", "batch_first", "features"), "Conv1D": ("nf", "nx")}
+TRANSFORMER_TYPES = {
+    "ZeroBranch": ("pair", "batch_first", "features"),
+    "Conv1D": ("nf", "nx"),
+    "PrunedMultiheadAttention": (
+        "embed_dim",
+        "num_heads",
+        "head_dim",
+        "kdim",
+        "vdim",
+        "bias",
+        "batch_first",
+        "dropout",
+    ),
+    "PrunedTransformerEncoderLayer": ("feed_forward",),
+}
 """The entries that only a pruned transformer holds (in a model of your own class), type name -> arguments: a removed
-branch (:class:`~l0bayes.pruning.transformer.ZeroBranch`) and Hugging Face's ``Conv1D`` (GPT-2's linear layer, of
-the class the fresh model has), its outputs ``nf`` and inputs ``nx``."""
+branch (:class:`~l0bayes.pruning.transformer.ZeroBranch`), Hugging Face's ``Conv1D`` (GPT-2's linear layer, of
+the class the fresh model has), its outputs ``nf`` and inputs ``nx``, and what an ``nn.MultiheadAttention`` and an
+``nn.TransformerEncoderLayer`` become (:class:`~l0bayes.pruning.transformer.PrunedMultiheadAttention`, its sizes;
+:class:`~l0bayes.pruning.transformer.PrunedTransformerEncoderLayer`, whether it keeps its MLP branch), whose layers
+are described after them."""
 
 
 def _plain(value):
@@ -148,6 +165,16 @@ def describe_modules(module):
                     "type": "ZeroBranch",
                     "args": {k: getattr(layer, k) for k in ("pair", "batch_first", "features")},
                 }
+            )
+        elif type(layer) is PrunedMultiheadAttention:
+            args = {k: getattr(layer, k) for k in ("embed_dim", "num_heads", "head_dim", "batch_first", "dropout")}
+            args.update(
+                kdim=layer.k_proj.in_features, vdim=layer.v_proj.in_features, bias=layer.q_proj.bias is not None
+            )
+            out.append({"name": name, "type": "PrunedMultiheadAttention", "args": args})
+        elif type(layer) is PrunedTransformerEncoderLayer:
+            out.append(
+                {"name": name, "type": "PrunedTransformerEncoderLayer", "args": {"feed_forward": layer.feed_forward}}
             )
         elif is_conv1d(layer):
             out.append(

@@ -269,12 +269,17 @@ def layer_kwargs(where, kind, args, tensors, largest):
     return {key: _float(where, key, args[key]) for key in LAYER_TYPES[kind][1]}  # LeakyReLU, ELU; the rest: {}
 
 
-def transformer_kwargs(where, kind, args, tensors, state_dict):
+def transformer_kwargs(where, kind, args, owners, name, state_dict):
     """The checked arguments of an entry of :data:`~l0bayes.pruning.describe.TRANSFORMER_TYPES`.
 
     ``"ZeroBranch"``: ``pair`` and ``batch_first`` booleans, ``features`` ``None`` or an int no larger than the
     largest dimension of the file's tensors (the zeros it returns are as wide), and no tensors. ``"Conv1D"``:
     ``nf`` outputs and ``nx`` inputs, the shapes of its ``weight`` ``(nx, nf)`` and ``bias`` ``(nf,)``.
+    ``"PrunedMultiheadAttention"``: positive sizes that agree with the tensors of its projections, ``bias`` and
+    ``batch_first`` booleans, ``dropout`` in [0, 1], no tensors of its own. ``"PrunedTransformerEncoderLayer"``:
+    ``feed_forward`` a boolean, no tensors of its own.
+
+    :param owners: :func:`tensors_by_owner` of the state dict; ``name``: the entry's module name.
 
     :raises TypeError: naming ``where`` and the argument, for a value of the wrong type.
     :raises ValueError: naming ``where``, for other arguments, a value out of its range or a size that
@@ -283,17 +288,43 @@ def transformer_kwargs(where, kind, args, tensors, state_dict):
     keys = TRANSFORMER_TYPES[kind]
     if set(args) != set(keys):
         raise ValueError(f"{where} has the arguments {sorted(map(repr, args))}, expected {sorted(keys)}")
+    tensors = owners.get(name, {})
     if kind == "Conv1D":
         nf, nx = _int(where, "nf", args["nf"], 0), _int(where, "nx", args["nx"], 0)
         _match_tensors(where, tensors, {"weight": (nx, nf), "bias": (nf,)})
         return {"nf": nf, "nx": nx}
     _match_tensors(where, tensors, {})
+    if kind == "PrunedTransformerEncoderLayer":
+        return {"feed_forward": _bool(where, "feed_forward", args["feed_forward"])}
+    if kind == "PrunedMultiheadAttention":
+        return _attention_kwargs(where, args, {c: owners.get(f"{name}.{c}", {}) for c in _PROJECTIONS})
     widest = max((max(t.shape, default=1) for t in state_dict.values()), default=1)
     features = args["features"]
     if features is not None:
         _int(where, "features", features, 1, widest)
     pair, batch_first = _bool(where, "pair", args["pair"]), _bool(where, "batch_first", args["batch_first"])
     return {"pair": pair, "batch_first": batch_first, "features": features}
+
+
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+
+def _attention_kwargs(where, args, children):
+    """:func:`transformer_kwargs` of a ``PrunedMultiheadAttention``: every size against its projections' tensors."""
+    sizes = {key: _int(where, key, args[key], 1) for key in ("embed_dim", "num_heads", "head_dim", "kdim", "vdim")}
+    bias = _bool(where, "bias", args["bias"])
+    width = sizes["num_heads"] * sizes["head_dim"]
+    inputs = {"q_proj": sizes["embed_dim"], "k_proj": sizes["kdim"], "v_proj": sizes["vdim"], "out_proj": width}
+    for child, fan_in in inputs.items():
+        fan_out = sizes["embed_dim"] if child == "out_proj" else width
+        expected = {"weight": (fan_out, fan_in), **({"bias": (fan_out,)} if bias else {})}
+        _match_tensors(f"{where}.{child}", children.get(child, {}), expected)
+    return {
+        **sizes,
+        "bias": bias,
+        "batch_first": _bool(where, "batch_first", args["batch_first"]),
+        "dropout": _float(where, "dropout", args["dropout"], 0.0, 1.0),
+    }
 
 
 def module_extras(where, args):
@@ -465,4 +496,4 @@ def check_modules(modules, state_dict):
         if spec["type"] in LAYER_TYPES:
             layer_kwargs(where, spec["type"], spec["args"], tensors.get(spec["name"], {}), largest)
         elif spec["type"] in TRANSFORMER_TYPES:
-            transformer_kwargs(where, spec["type"], spec["args"], tensors.get(spec["name"], {}), state_dict)
+            transformer_kwargs(where, spec["type"], spec["args"], tensors, spec["name"], state_dict)
