@@ -7,11 +7,13 @@ standard library (text that ships with Python). Every method has one budget, mas
 
 * ``dense``: the dense model fine-tuned.
 * ``ours``: :func:`~l0bayes.pruning.sparsify_transformer` (key-value groups and MLP units, no branch gates),
-  trained with ``objective="constrained"`` to keep half of the blocks' parameters while distilling from the dense
-  model (:class:`~l0bayes.models.Distillation`) for ``--mask-fraction`` of the steps; then one architecture in
-  every block (:func:`~l0bayes.pruning.fix_architecture`: the mean number of key-value groups the gates keep, and
-  the MLP width that brings the block to half of its parameters), :func:`~l0bayes.pruning.prune` and the rest of
-  the steps on the pruned model (:class:`~l0bayes.models.PlainModel`, the same distillation loss).
+  trained with ``objective="constrained"`` while distilling from the dense model
+  (:class:`~l0bayes.models.Distillation`) for ``--mask-fraction`` of the steps, towards a target architecture
+  (``--target architecture``, the default: ``--kv-heads`` key-value groups and the MLP width that brings every
+  block to half of its parameters, one constraint per block and size) or half of the blocks' parameters in all
+  (``--target density``); then that architecture in every block (:func:`~l0bayes.pruning.fix_architecture`; with
+  ``--target density`` the mean number of key-value groups the gates keep), :func:`~l0bayes.pruning.prune` and
+  the rest of the steps on the pruned model (:class:`~l0bayes.models.PlainModel`, the same distillation loss).
 * ``tp-magnitude``, ``tp-taylor``: torch-pruning's structured pruning of the MLP width (its dependency graph
   couples ``gate_proj``, ``up_proj`` and ``down_proj``; group L2 magnitude, or first-order Taylor importance from
   the gradients of a few training batches) to the MLP width that halves the blocks, then fine-tuning.
@@ -107,11 +109,28 @@ def parse_args(argv=None):
     p.add_argument("--eval-sequences", type=int, default=64, help="held-out windows of --seq-len tokens")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW step of the weights")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay of the weights")
-    p.add_argument("--gate-lr", type=float, default=0.05, help="AdamW step of the gates' log_alpha (ours)")
+    p.add_argument("--gate-lr", type=float, default=0.1, help="AdamW step of the gates' log_alpha (ours)")
     p.add_argument(
-        "--multiplier-lr", type=float, default=None, help="the Lagrangian's step (ours; default 3 x gate-lr)"
+        "--multiplier-lr",
+        type=float,
+        default=2.0,
+        help="the Lagrangian's step (ours): a block's MLP unit is 1/1536 of its constraint, and the multiplier must "
+        "reach about 10 before that term outweighs the noise of the data term's gradient on a unit's log_alpha",
     )
-    p.add_argument("--mask-fraction", type=float, default=0.5, help="share of the steps that learn the masks (ours)")
+    p.add_argument(
+        "--target",
+        choices=("density", "architecture"),
+        default="architecture",
+        help="ours: a constraint on every block's key-value groups and MLP width (the architecture: one constraint "
+        "per block and size) or on the fraction of all parameters kept (density)",
+    )
+    p.add_argument(
+        "--kv-heads",
+        type=int,
+        default=None,
+        help="key-value groups of every block (ours, --target architecture; default: the model's, all kept)",
+    )
+    p.add_argument("--mask-fraction", type=float, default=0.35, help="share of the steps that learn the masks (ours)")
     p.add_argument("--init-drop-rate", type=float, default=0.1, help="the gates' initial drop rate (ours)")
     p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature (ours)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the distillation KL (ours; 1 - alpha: the CE)")
@@ -132,6 +151,8 @@ def parse_args(argv=None):
         p.error(f"--timing-steps must be at least 0, got {args.timing_steps}")
     if not 0 < args.mask_fraction < 1:
         p.error(f"--mask-fraction must lie in (0, 1), got {args.mask_fraction}")
+    if args.kv_heads is not None and args.kv_heads < 1:
+        p.error(f"--kv-heads must be at least 1, got {args.kv_heads}")
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
     return args
@@ -437,6 +458,12 @@ def method_ours(base, data, args, seed):
     total = count_parameters(base)
     blocks = block_sizes(base)[0]
     target = (total - blocks / 2) / total  # half of the blocks' parameters, the rest kept whole
+    kv_heads = args.kv_heads or base.config.num_key_value_heads
+    if args.target == "architecture":  # Sheared-LLaMA's targeted pruning: the sizes of every block
+        goal = {"num_key_value_heads": kv_heads, "intermediate_size": half_width(base, kv_heads)}
+        size = {"target_architecture": goal}
+    else:
+        size = {"target_density": target}
     loss = distillation(teacher, args)
     clock = Clock()
     with loss.attach(gated):
@@ -444,7 +471,7 @@ def method_ours(base, data, args, seed):
             SparseModel(gated, loss, lam=0.0),  # the constraint, not a code cost, sets the size
             step_batches(data["train"], args, seed),
             objective="constrained",
-            target_density=target,
+            **size,
             final_phase=0.0,
             multiplier_lr=args.multiplier_lr,
             epochs=mask_steps,
@@ -462,6 +489,8 @@ def method_ours(base, data, args, seed):
         expected = float(network_size(gated).fraction("parameters", "expected"))
     groups, units = expected_widths(gated)
     num_groups = min(max(1, round(groups)), base.config.num_key_value_heads)
+    if args.target == "architecture":
+        num_groups = kv_heads
     width = half_width(base, num_groups)
     fix_architecture(gated, num_key_value_heads=num_groups, intermediate_size=width)
     small = prune(gated)
@@ -493,11 +522,12 @@ class PrintProgress(Callback):
 
     def on_epoch_end(self, run, record):
         if run.epoch % self.every == 0 or record.get("full_record"):
-            shown = {
-                k: round(v, 4) if isinstance(v, float) else v
-                for k, v in record.items()
-                if k in ("loss", "constraint", "multiplier", "multipliers", "test_time_density")
-            }
+            shown = {"loss": round(record["mean_loss"], 4)}
+            for key in ("constraint", "multipliers"):
+                values = record.get(key)
+                values = values if isinstance(values, list) else [values]
+                if values and values[0] is not None:
+                    shown[key] = f"mean {statistics.fmean(values):.4g}, max {max(values):.4g}"
             wall, cpu = self.clock.seconds()
             print(f"  mask step {run.epoch}: {shown} ({wall:.0f} s, {cpu:.0f} s of CPU)", flush=True)
 

@@ -58,9 +58,9 @@ class TensorBatches:
         return self.x[:take], self.y[:take]
 
     def record_rows(self):
-        """Rows per forward pass of the full record and the held-out metrics: a training step's (this process's
-        minibatch), so that recording needs no more memory than a step."""
-        return self.local_batch
+        """Rows per forward pass of the full record and the held-out metrics: a training step's minibatch (the
+        global one, so that a data-parallel run records what one process would), without gradients."""
+        return self.batch_size
 
     def state_dict(self):
         return {"shuffle": self.shuffle.get_state()}

@@ -191,8 +191,9 @@ def train(
         The optimiser's and the schedule's state go into the checkpoint, and resuming with another optimiser
         class, other settings of a group or another schedule is a ``ValueError`` naming what differs.
     :param int record_every: the full end-of-epoch record (free energy on a fixed subset of up to 1000
-        training examples, test error, FLOPs; every pass over the data on one training minibatch's rows at a time,
-        so that recording needs no more memory than a step) every ``record_every`` epochs and at the last; the other
+        training examples, test error, FLOPs; every pass over the data on at most one training minibatch's rows at
+        a time, without gradients, so that a large model's record fits where its steps do) every ``record_every``
+        epochs and at the last; the other
         epochs record only the mean training loss, wall time and the objective's own entries. Each
         record says which it is (``full_record``).
     :param bool compile: run each training step's forward, loss and backward under :func:`torch.compile`

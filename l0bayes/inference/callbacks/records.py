@@ -98,8 +98,8 @@ def _full_record(run, train_subset, test_data, input_shape, validation_data):
 
 
 def _record_rows(run, default):
-    """Rows per forward pass of the full record: a training step's, where the run's batches say (a record of a
-    thousand sequences of a language model in one pass would need a thousand steps' activations at once)."""
+    """Rows per forward pass of the full record: a training minibatch's, where the run's batches say (a record of
+    a thousand sequences of a language model in one pass would hold a thousand sequences' logits at once)."""
     rows = getattr(run.batches, "record_rows", lambda: None)()
     return default if rows is None else max(1, min(int(rows), default))
 
