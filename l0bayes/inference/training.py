@@ -193,9 +193,8 @@ def train(
     :param int record_every: the full end-of-epoch record (free energy on a fixed subset of up to 1000
         training examples, test error, FLOPs; every pass over the data on at most one training minibatch's rows at
         a time, without gradients, so that a large model's record fits where its steps do) every ``record_every``
-        epochs and at the last; the other
-        epochs record only the mean training loss, wall time and the objective's own entries. Each
-        record says which it is (``full_record``).
+        epochs and at the last; the other epochs record only the mean training loss, wall time and the
+        objective's own entries. Each record says which it is (``full_record``).
     :param bool compile: run each training step's forward, loss and backward under :func:`torch.compile`
         (:class:`~l0bayes.inference.compiled.CompiledStep`): fewer, fused kernels per step, for models with the
         fused losses (e.g. :class:`~l0bayes.models.SparseClassifier`), not with ``distributed``. The first
