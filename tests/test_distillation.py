@@ -154,6 +154,16 @@ def test_no_counted_token_gives_zero_with_finite_gradients():
     assert float(loss.detach()) == 0.0 and torch.equal(student.grad, torch.zeros_like(student))
 
 
+@pytest.mark.parametrize("positions", [0, 1])
+def test_sequences_too_short_to_predict_give_zero(positions):
+    """A causal sequence of 0 or 1 positions has no next token to predict: loss 0, gradients 0."""
+    student = torch.randn(2, positions, 7, requires_grad=True)
+    labels = torch.zeros(2, positions, dtype=torch.long)
+    loss = Distillation(nn.Linear(1, 1), alpha=0.5)(output_of(student, torch.randn(2, positions, 7)), labels)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and torch.equal(student.grad, torch.zeros_like(student))
+
+
 # -- the teacher, attached ------------------------------------------------------------------------------------------
 
 

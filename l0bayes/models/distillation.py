@@ -215,7 +215,7 @@ class Distillation:
         dtype = torch.promote_types(student.dtype, torch.float32)
         student, teacher = student.to(dtype), teacher.to(dtype)
         labels = self._labels(target, student)
-        if self.causal:  # position t predicts label t + 1; the last position predicts nothing
+        if self.causal and labels.shape[-1] > 0:  # position t predicts label t + 1; the last one predicts nothing
             ignored = labels.new_full((*labels.shape[:-1], 1), self.ignore_index)
             labels = torch.cat([labels[..., 1:], ignored], dim=-1)
         vocabulary = student.shape[-1]
@@ -223,7 +223,8 @@ class Distillation:
         counted = labels != self.ignore_index
         count = int(counted.sum())
         tokens = max(count, 1)
-        every = count == labels.numel() - (labels.numel() // target.shape[-1] if self.causal else 0)
+        last_positions = labels.numel() // max(target.shape[-1], 1) if self.causal else 0  # one per sequence
+        every = count == labels.numel() - last_positions
         if every and not bool(torch.isneginf(student).any()):
             rows = self._token_losses(student, teacher, labels)  # no copies: the uncounted last positions weigh 0
             loss = torch.where(counted, rows, 0.0).sum() / tokens
