@@ -488,9 +488,10 @@ def method_ours(base, data, args, seed):
     with torch.no_grad():
         expected = float(network_size(gated).fraction("parameters", "expected"))
     groups, units = expected_widths(gated)
-    num_groups = min(max(1, round(groups)), base.config.num_key_value_heads)
     if args.target == "architecture":
         num_groups = kv_heads
+    else:  # the mean number of groups the gates keep
+        num_groups = min(max(1, round(groups)), base.config.num_key_value_heads)
     width = half_width(base, num_groups)
     fix_architecture(gated, num_key_value_heads=num_groups, intermediate_size=width)
     small = prune(gated)

@@ -208,12 +208,18 @@ def _pruned_torch_layer(where, kind, existing, placeholder, kwargs):
     and activation; its attention and MLP layers are described next)."""
     replaced = _PRUNED_TORCH[kind]
     if placeholder or type(existing) is not replaced:
-        found = "nothing" if placeholder else f"a {type(existing).__name__}"
+        found = _found(existing, placeholder)
         raise ValueError(f"{where}: the file has a {kind} (a pruned {replaced.__name__}) where the model has {found}")
     if kind == "PrunedTransformerEncoderLayer":
         return PrunedTransformerEncoderLayer(existing, existing.self_attn, kwargs["feed_forward"])
     with torch.device("meta"):
         return PrunedMultiheadAttention(**kwargs)
+
+
+def _found(module, placeholder):
+    """What an error says the model has where the file describes a layer: ``"nothing"`` for a placeholder (a
+    child the file's own entries were to fill), else ``"a <class>"``."""
+    return "nothing" if placeholder else f"a {type(module).__name__}"
 
 
 def _set_attributes(where, module, attributes):
@@ -248,7 +254,7 @@ def _resize_conv1d(where, module, placeholder, kwargs, tensors):
     """Give Hugging Face's ``Conv1D`` of the model's twin the file's sizes: ``nf`` (and ``nx``), and parameters
     on the meta device that the file's tensors replace."""
     if placeholder or not is_conv1d(module):
-        found = "nothing" if placeholder else f"a {type(module).__name__}"
+        found = _found(module, placeholder)
         raise ValueError(f"{where}: the file has a Conv1D where the model has {found}")
     nf, nx = kwargs["nf"], kwargs["nx"]
     for key, shape in (("weight", (nx, nf)), ("bias", (nf,))):

@@ -11,7 +11,7 @@ import time
 import torch
 
 from ...nn.gates import gates_of
-from ..batches import held_out_batches, random_state_kept
+from ..batches import EVALUATION_BATCH, held_out_batches, random_state_kept
 from ..free_energy import FreeEnergy, free_energy
 from .base import Callback
 
@@ -100,7 +100,7 @@ def _full_record(run, train_subset, test_data, input_shape, validation_data):
 def _record_rows(run, default):
     """Rows per forward pass of the full record: a training minibatch's, where the run's batches say (a record of
     a thousand sequences of a language model in one pass would hold a thousand sequences' logits at once)."""
-    rows = getattr(run.batches, "record_rows", lambda: None)()
+    rows = run.batches.record_rows()
     return default if rows is None else max(1, min(int(rows), default))
 
 
@@ -153,7 +153,7 @@ def test_metrics(model, test_data, device, rows=None):
     kind = None
     try:
         with torch.no_grad():
-            for xb, yb in held_out_batches(test_data, *(() if rows is None else (rows,))):
+            for xb, yb in held_out_batches(test_data, rows or EVALUATION_BATCH):
                 xb, yb = xb.to(device), yb.to(device)
                 metric = getattr(model, "test_metric", None)
                 if metric == "test_loss":
