@@ -702,3 +702,79 @@ def test_metadata_round_trips_or_is_refused_before_writing(tmp_path, examples):
         assert _equal(metadata, back)
 
     prop()
+
+
+def _torch_transformer():
+    """torch's own layers, pruned: an encoder layer with 2 of its 4 heads and no MLP, one without attention."""
+    from l0bayes.nn import gates_of
+    from l0bayes.pruning import sparsify_transformer
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 24, dropout=0.0, batch_first=True, norm_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    gated = sparsify_transformer(encoder, example_inputs=torch.randn(2, 5, 16))
+    patterns = {"layers.0.l0_heads": [1, -1, 1, -1], "layers.0.l0_mlp": [-1], "layers.1.l0_attention": [-1]}
+    for name, gate in gates_of(gated):
+        with torch.no_grad():
+            gate.log_alpha.fill_(50.0)
+            sign = patterns.get(name.removesuffix(".gate"))
+            if sign is not None:
+                gate.log_alpha.mul_(torch.tensor(sign, dtype=gate.log_alpha.dtype))
+    return prune(gated.eval())
+
+
+_ATTENTION_ARGS = {
+    "embed_dim": st.integers(-2, 10**12),
+    "num_heads": st.integers(-2, 10**12),
+    "head_dim": st.integers(-2, 10**12),
+    "kdim": st.integers(-2, 10**12),
+    "vdim": st.integers(-2, 10**12),
+    "bias": st.sampled_from([True, False, 1, None]),
+    "batch_first": st.sampled_from([True, False, 0, "yes"]),
+    "dropout": st.sampled_from([0.0, 0.5, 1.0, -0.1, 2.0, math.nan, math.inf, "0"]),
+    "feed_forward": st.sampled_from([True, False, 1, None]),
+}
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_torch_transformer_layers_tampered(tmp_path, examples):
+    """A pruned torch transformer's file, one argument of a PrunedMultiheadAttention or PrunedTransformerEncoderLayer
+    entry changed: refused naming the entry (nothing large allocated, the fresh model as it was), or the model the
+    file describes, whose outputs are the pruned model's."""
+    pruned = _torch_transformer()
+    path = tmp_path / "pruned.pt"
+    save_pruned(pruned, path)
+    state = torch.load(path, weights_only=True)
+    entries = [(k, spec) for k, spec in enumerate(state["modules"]) if spec["type"].startswith("Pruned")]
+    assert {spec["type"] for _, spec in entries} == {"PrunedMultiheadAttention", "PrunedTransformerEncoderLayer"}
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(3))
+
+    @settings(max_examples=examples, deadline=None, database=None)
+    @given(data=st.data())
+    def probe(data):
+        k, spec = data.draw(st.sampled_from(entries))
+        key = data.draw(st.sampled_from(sorted(spec["args"])))
+        value = data.draw(_ATTENTION_ARGS[key])
+        tampered = copy.deepcopy(state)
+        tampered["modules"][k]["args"][key] = value
+        file = tmp_path / "tampered.pt"
+        torch.save(tampered, file)
+        layer = nn.TransformerEncoderLayer(16, 4, 24, dropout=0.0, batch_first=True, norm_first=True)
+        fresh = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        before = copy.deepcopy(fresh.state_dict())
+        modules = [(n, type(m)) for n, m in fresh.named_modules()]
+        try:
+            loaded, _ = load_pruned(file, model=fresh)
+        except (TypeError, ValueError) as err:
+            assert str(file) in str(err) and spec["name"] in str(err), str(err)
+            assert [(n, type(m)) for n, m in fresh.named_modules()] == modules
+            assert all(torch.equal(t, before[name]) for name, t in fresh.state_dict().items())
+            return
+        # accepted: an argument that changes nothing the tensors fix (dropout in [0, 1], batch_first), or the same
+        assert key in ("dropout", "batch_first", "bias", "feed_forward") or value == spec["args"][key], (key, value)
+        assert key in ("bias", "kdim", "vdim") or getattr(loaded.get_submodule(spec["name"]), key) == value
+        if key != "batch_first":
+            with torch.no_grad():
+                torch.testing.assert_close(loaded(x), pruned(x), rtol=0, atol=0)
+
+    probe()
