@@ -130,7 +130,21 @@ def parse_args(argv=None):
         default=None,
         help="key-value groups of every block (ours, --target architecture; default: the model's, all kept)",
     )
-    p.add_argument("--mask-fraction", type=float, default=0.35, help="share of the steps that learn the masks (ours)")
+    p.add_argument(
+        "--mask-fraction",
+        type=float,
+        default=0.35,
+        help="share of the steps that learn the masks (ours; with --cut arrival, the most they may take)",
+    )
+    p.add_argument(
+        "--cut",
+        choices=("share", "arrival"),
+        default="share",
+        help="ours: prune after --mask-fraction of the steps (share), or as soon as every expected fraction the "
+        "constraints bound is within --arrival of its target (arrival), so that the pruned model is the one the "
+        "weights trained with and the rest of the steps train it",
+    )
+    p.add_argument("--arrival", type=float, default=0.02, help="the margin of --cut arrival (ours)")
     p.add_argument("--init-drop-rate", type=float, default=0.1, help="the gates' initial drop rate (ours)")
     p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature (ours)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the distillation KL (ours; 1 - alpha: the CE)")
@@ -151,6 +165,8 @@ def parse_args(argv=None):
         p.error(f"--timing-steps must be at least 0, got {args.timing_steps}")
     if not 0 < args.mask_fraction < 1:
         p.error(f"--mask-fraction must lie in (0, 1), got {args.mask_fraction}")
+    if not args.arrival >= 0:
+        p.error(f"--arrival must be at least 0, got {args.arrival}")
     if args.kv_heads is not None and args.kv_heads < 1:
         p.error(f"--kv-heads must be at least 1, got {args.kv_heads}")
     if args.threads is not None and args.threads < 1:
@@ -465,6 +481,9 @@ def method_ours(base, data, args, seed):
     else:
         size = {"target_density": target}
     loss = distillation(teacher, args)
+    callbacks = [PrintProgress(args.print_every)]
+    if args.cut == "arrival":
+        callbacks.append(StopAtArrival(args.arrival))
     clock = Clock()
     with loss.attach(gated):
         result = train(
@@ -481,8 +500,9 @@ def method_ours(base, data, args, seed):
             device="cpu",
             seed=seed,
             threads=args.threads,
-            callbacks=[PrintProgress(args.print_every)],
+            callbacks=callbacks,
         )
+    mask_steps = len(result.history)  # (fewer than the cap when the Lagrangian arrived)
     mask_s, mask_cpu_s = clock.seconds()
     gated.eval()
     with torch.no_grad():
@@ -531,6 +551,23 @@ class PrintProgress(Callback):
                     shown[key] = f"mean {statistics.fmean(values):.4g}, max {max(values):.4g}"
             wall, cpu = self.clock.seconds()
             print(f"  mask step {run.epoch}: {shown} ({wall:.0f} s, {cpu:.0f} s of CPU)", flush=True)
+
+
+class StopAtArrival(Callback):
+    """Ends the mask learning after the first step where every expected fraction the constraints bound (under
+    :math:`q`, Eq. 12) is at most its target plus ``margin``: the Lagrangian has arrived, and the architecture
+    fixed there is the one the weights trained with."""
+
+    def __init__(self, margin):
+        self.margin = float(margin)
+
+    def on_epoch_end(self, run, record):
+        objective = run.objective
+        with torch.no_grad():
+            expected = objective.expected().tolist()
+        if all(d <= t + self.margin for d, t in zip(expected, objective.target_values, strict=True)):
+            print(f"  the Lagrangian arrived at mask step {run.epoch}: the masks stop here", flush=True)
+            run.stop = True
 
 
 @torch.no_grad()

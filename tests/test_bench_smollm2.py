@@ -56,6 +56,19 @@ def test_every_method_runs_on_a_tiny_llama(bench, tmp_path):
         bench.main(["--tiny", "--out", str(out), "--steps", "2"])
 
 
+def test_the_cut_at_arrival(bench, tmp_path):
+    """``--cut arrival`` ends the mask learning after the first step whose expected fractions are all within the
+    margin of their targets (a margin of 1 holds at once), and the rest of the steps train the pruned model; with
+    a margin of 0 on a tiny run the Lagrangian has not arrived, and the cap (``--mask-fraction``) ends it."""
+    common = ["--tiny", "--methods", "ours", "--steps", "6", "--eval-sequences", "2", "--seq-len", "16",
+              "--timing-steps", "0", "--timing-repeats", "1", "--threads", "1", "--cut", "arrival",
+              "--mask-fraction", "0.5"]  # fmt: skip
+    early = bench.main([*common, "--out", str(tmp_path / "early"), "--arrival", "1"])["runs"][0]
+    assert early["mask_steps"] == 1 and early["steps"] == 6
+    capped = bench.main([*common, "--out", str(tmp_path / "capped"), "--arrival", "0"])["runs"][0]
+    assert capped["mask_steps"] == 3
+
+
 def test_the_data_split(bench):
     training, validation = bench.stdlib_files()
     names = [p.name for p in training]
