@@ -43,6 +43,7 @@ Writes ``results.json`` (every number, the settings and the machine) and ``resul
 """
 
 import argparse
+import contextlib
 import copy
 import gc
 import importlib.util
@@ -392,6 +393,10 @@ def finetune(model, stream, steps, args, seed, loss_fn):
 
 
 def distillation(teacher, args):
+    """Ours' loss: :class:`~l0bayes.models.Distillation` from the dense model, or the causal LM loss alone when
+    ``--alpha 0`` and ``--hidden-weight 0`` leave the teacher nothing to say (its forward is then skipped)."""
+    if args.alpha == 0 and args.hidden_weight == 0:
+        return causal_lm_loss
     return Distillation(
         teacher,
         temperature=args.temperature,
@@ -485,7 +490,7 @@ def method_ours(base, data, args, seed):
     if args.cut == "arrival":
         callbacks.append(StopAtArrival(args.arrival))
     clock = Clock()
-    with loss.attach(gated):
+    with loss.attach(gated) if isinstance(loss, Distillation) else contextlib.nullcontext():
         result = train(
             SparseModel(gated, loss, lam=0.0),  # the constraint, not a code cost, sets the size
             step_batches(data["train"], args, seed),

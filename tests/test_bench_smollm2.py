@@ -59,14 +59,26 @@ def test_every_method_runs_on_a_tiny_llama(bench, tmp_path):
 def test_the_cut_at_arrival(bench, tmp_path):
     """``--cut arrival`` ends the mask learning after the first step whose expected fractions are all within the
     margin of their targets (a margin of 1 holds at once), and the rest of the steps train the pruned model; with
-    a margin of 0 on a tiny run the Lagrangian has not arrived, and the cap (``--mask-fraction``) ends it."""
+    a margin of 0 on a tiny run the Lagrangian has not arrived, and the cap (``--mask-fraction``) ends it. ``--alpha
+    0`` trains with the causal LM loss alone (no teacher)."""
     common = ["--tiny", "--methods", "ours", "--steps", "6", "--eval-sequences", "2", "--seq-len", "16",
               "--timing-steps", "0", "--timing-repeats", "1", "--threads", "1", "--cut", "arrival",
               "--mask-fraction", "0.5"]  # fmt: skip
-    early = bench.main([*common, "--out", str(tmp_path / "early"), "--arrival", "1"])["runs"][0]
+    early = bench.main([*common, "--out", str(tmp_path / "early"), "--arrival", "1", "--alpha", "0"])["runs"][0]
     assert early["mask_steps"] == 1 and early["steps"] == 6
     capped = bench.main([*common, "--out", str(tmp_path / "capped"), "--arrival", "0"])["runs"][0]
     assert capped["mask_steps"] == 3
+
+
+def test_ours_loss(bench):
+    """The distillation of ours, or the plain causal LM loss when the teacher has nothing to add."""
+    model, _, _ = bench.tiny_model()
+    args = bench.parse_args(["--out", "unused", "--alpha", "0"])
+    assert bench.distillation(model, args) is bench.causal_lm_loss
+    args = bench.parse_args(["--out", "unused", "--alpha", "0", "--hidden-weight", "0.1"])
+    assert isinstance(bench.distillation(model, args), bench.Distillation)
+    args = bench.parse_args(["--out", "unused", "--alpha", "0.5"])
+    assert bench.distillation(model, args).alpha == 0.5
 
 
 def test_the_data_split(bench):
