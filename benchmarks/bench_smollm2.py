@@ -14,6 +14,8 @@ standard library (text that ships with Python). Every method has one budget, mas
   (``--target density``); then that architecture in every block (:func:`~l0bayes.pruning.fix_architecture`; with
   ``--target density`` the mean number of key-value groups the gates keep), :func:`~l0bayes.pruning.prune` and
   the rest of the steps on the pruned model (:class:`~l0bayes.models.PlainModel`, the same distillation loss).
+  ``--cut arrival`` prunes as soon as the Lagrangian has arrived in every block instead (``--mask-fraction`` then
+  caps the mask steps); ``--alpha 0`` trains on the causal LM loss alone, without the teacher.
 * ``tp-magnitude``, ``tp-taylor``: torch-pruning's structured pruning of the MLP width (its dependency graph
   couples ``gate_proj``, ``up_proj`` and ``down_proj``; group L2 magnitude, or first-order Taylor importance from
   the gradients of a few training batches) to the MLP width that halves the blocks, then fine-tuning.
@@ -142,8 +144,8 @@ def parse_args(argv=None):
         choices=("share", "arrival"),
         default="share",
         help="ours: prune after --mask-fraction of the steps (share), or as soon as every expected fraction the "
-        "constraints bound is within --arrival of its target (arrival), so that the pruned model is the one the "
-        "weights trained with and the rest of the steps train it",
+        "constraints bound is within --arrival of its target (arrival: the blocks that arrived first may be past "
+        "their targets by then)",
     )
     p.add_argument("--arrival", type=float, default=0.02, help="the margin of --cut arrival (ours)")
     p.add_argument("--init-drop-rate", type=float, default=0.1, help="the gates' initial drop rate (ours)")
@@ -560,8 +562,8 @@ class PrintProgress(Callback):
 
 class StopAtArrival(Callback):
     """Ends the mask learning after the first step where every expected fraction the constraints bound (under
-    :math:`q`, Eq. 12) is at most its target plus ``margin``: the Lagrangian has arrived, and the architecture
-    fixed there is the one the weights trained with."""
+    :math:`q`, Eq. 12) is at most its target plus ``margin``: the Lagrangian has arrived in every block (those
+    that arrived earlier may have gone on past their targets meanwhile)."""
 
     def __init__(self, margin):
         self.margin = float(margin)
