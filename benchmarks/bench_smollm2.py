@@ -422,12 +422,16 @@ def peer_loss(teacher, args):
     return Distillation(teacher, temperature=args.temperature, alpha=args.alpha)
 
 
+def attached(loss, model):
+    """The context in which ``model`` trains with ``loss``: a :class:`~l0bayes.models.Distillation` attached to it,
+    nothing to do for a plain loss."""
+    return loss.attach(model) if isinstance(loss, Distillation) else contextlib.nullcontext()
+
+
 def finetune_with(model, stream, steps, args, seed, loss):
-    """:func:`finetune` with ``loss``: a :class:`~l0bayes.models.Distillation` is attached to the model meanwhile."""
-    if isinstance(loss, Distillation):
-        with loss.attach(model):
-            return finetune(model, stream, steps, args, seed, loss)
-    return finetune(model, stream, steps, args, seed, loss)
+    """:func:`finetune` with ``loss``, attached to the model meanwhile (:func:`attached`)."""
+    with attached(loss, model):
+        return finetune(model, stream, steps, args, seed, loss)
 
 
 # -- the sizes ------------------------------------------------------------------------------------------------------
@@ -490,15 +494,16 @@ def method_ours(base, data, args, seed):
     loss = distillation(teacher, args)
     callbacks = [PrintProgress(args.print_every)]
     if args.cut == "arrival":
-        callbacks.append(StopAtArrival(args.arrival))
+        callbacks.append(StopAtArrival())
     clock = Clock()
-    with loss.attach(gated) if isinstance(loss, Distillation) else contextlib.nullcontext():
+    with attached(loss, gated):
         result = train(
             SparseModel(gated, loss, lam=0.0),  # the constraint, not a code cost, sets the size
             step_batches(data["train"], args, seed),
             objective="constrained",
             **size,
             final_phase=0.0,
+            arrival=args.arrival if args.cut == "arrival" else None,  # (read by StopAtArrival only: no final phase)
             multiplier_lr=args.multiplier_lr,
             epochs=mask_steps,
             record_every=mask_steps,
@@ -561,18 +566,16 @@ class PrintProgress(Callback):
 
 
 class StopAtArrival(Callback):
-    """Ends the mask learning after the first step where every expected fraction the constraints bound (under
-    :math:`q`, Eq. 12) is at most its target plus ``margin``: the Lagrangian has arrived in every block (those
-    that arrived earlier may have gone on past their targets meanwhile)."""
-
-    def __init__(self, margin):
-        self.margin = float(margin)
+    """Ends the mask learning after the first step where the constrained objective says the Lagrangian has arrived
+    (:meth:`~l0bayes.inference.objectives.ConstrainedObjective.arrived`: every expected fraction under :math:`q`,
+    Eq. 12, at most its target plus the run's ``arrival``), in every block (those that arrived earlier may have gone
+    on past their targets meanwhile)."""
 
     def on_epoch_end(self, run, record):
         objective = run.objective
         with torch.no_grad():
             expected = objective.expected().tolist()
-        if all(d <= t + self.margin for d, t in zip(expected, objective.target_values, strict=True)):
+        if objective.arrived(expected):
             print(f"  the Lagrangian arrived at mask step {run.epoch}: the masks stop here", flush=True)
             run.stop = True
 
