@@ -15,7 +15,9 @@ standard library (text that ships with Python). Every method has one budget, mas
   ``--target density`` the mean number of key-value groups the gates keep), :func:`~l0bayes.pruning.prune` and
   the rest of the steps on the pruned model (:class:`~l0bayes.models.PlainModel`, the same distillation loss).
   ``--cut arrival`` prunes as soon as the Lagrangian has arrived in every block instead (``--mask-fraction`` then
-  caps the mask steps); ``--alpha 0`` trains on the causal LM loss alone, without the teacher.
+  caps the mask steps); ``--cut each`` fixes every block's size on its own the step it arrives
+  (``arrival="each"``) and prunes once all are fixed, when the gated model already is the pruned one;
+  ``--alpha 0`` trains on the causal LM loss alone, without the teacher.
 * ``tp-magnitude``, ``tp-taylor``: torch-pruning's structured pruning of the MLP width (its dependency graph
   couples ``gate_proj``, ``up_proj`` and ``down_proj``; group L2 magnitude, or first-order Taylor importance from
   the gradients of a few training batches) to the MLP width that halves the blocks, then fine-tuning.
@@ -137,15 +139,16 @@ def parse_args(argv=None):
         "--mask-fraction",
         type=float,
         default=0.35,
-        help="share of the steps that learn the masks (ours; with --cut arrival, the most they may take)",
+        help="share of the steps that learn the masks (ours; with --cut arrival or each, the most they may take)",
     )
     p.add_argument(
         "--cut",
-        choices=("share", "arrival"),
+        choices=("share", "arrival", "each"),
         default="share",
         help="ours: prune after --mask-fraction of the steps (share), or as soon as every expected fraction the "
         "constraints bound is within --arrival of its target (arrival: the blocks that arrived first may be past "
-        "their targets by then)",
+        "their targets by then), or fix each block's gates the step its constraint arrives and prune once all "
+        "are fixed (each)",
     )
     p.add_argument("--arrival", type=float, default=0.02, help="the margin of --cut arrival (ours)")
     p.add_argument("--init-drop-rate", type=float, default=0.1, help="the gates' initial drop rate (ours)")
@@ -495,6 +498,8 @@ def method_ours(base, data, args, seed):
     callbacks = [PrintProgress(args.print_every)]
     if args.cut == "arrival":
         callbacks.append(StopAtArrival())
+    elif args.cut == "each":
+        callbacks.append(StopWhenFixed())
     clock = Clock()
     with attached(loss, gated):
         result = train(
@@ -503,7 +508,8 @@ def method_ours(base, data, args, seed):
             objective="constrained",
             **size,
             final_phase=0.0,
-            arrival=args.arrival if args.cut == "arrival" else None,  # (read by StopAtArrival only: no final phase)
+            # (a margin read by StopAtArrival only: there is no final phase; "each" fixes the blocks one by one)
+            arrival={"arrival": args.arrival, "each": "each"}.get(args.cut),
             multiplier_lr=args.multiplier_lr,
             epochs=mask_steps,
             record_every=mask_steps,
@@ -577,6 +583,16 @@ class StopAtArrival(Callback):
             expected = objective.expected().tolist()
         if objective.arrived(expected):
             print(f"  the Lagrangian arrived at mask step {run.epoch}: the masks stop here", flush=True)
+            run.stop = True
+
+
+class StopWhenFixed(Callback):
+    """Ends the mask learning once every block's gates are fixed (``arrival="each"``: each at the first step its
+    constraint arrived): the gated model then is the pruned architecture."""
+
+    def on_epoch_end(self, run, record):
+        if run.objective.all_fixed:
+            print(f"  every block's size is fixed at mask step {run.epoch}: the masks stop here", flush=True)
             run.stop = True
 
 

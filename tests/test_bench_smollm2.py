@@ -70,6 +70,21 @@ def test_the_cut_at_arrival(bench, tmp_path):
     assert capped["mask_steps"] == 3
 
 
+def test_the_cut_when_every_block_is_fixed(bench, tmp_path):
+    """``--cut each`` fixes each block's size the step its constraint arrives and prunes once all are: the units of
+    every block are then exactly the target's (the expected number is the pruned one, not past it), the pruned
+    model starts where the gated one was, and the rest of the steps train it."""
+    out = tmp_path / "each"
+    run = bench.main(["--tiny", "--methods", "ours", "--steps", "40", "--eval-sequences", "2", "--seq-len", "16",
+                      "--timing-steps", "0", "--timing-repeats", "1", "--threads", "1", "--cut", "each",
+                      "--mask-fraction", "0.9", "--multiplier-lr", "20", "--gate-lr", "1", "--alpha", "0",
+                      "--out", str(out)])["runs"][0]  # fmt: skip
+    assert 1 < run["mask_steps"] < 36 and run["steps"] == 40
+    assert run["expected_units"] == run["architecture"]["intermediate_size"]
+    blocks = len(bench.tiny_model()[0].model.layers)
+    assert run["mask_history_last"]["constraints_fixed"] == 2 * blocks  # key-value groups and units of every block
+
+
 def test_ours_loss(bench):
     """The distillation of ours, or the plain causal LM loss when the teacher has nothing to add."""
     model, _, _ = bench.tiny_model()

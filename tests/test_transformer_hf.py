@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from test_transformer_pruning import _random_gates
 
-from l0bayes.inference import train
+from l0bayes.inference import Callback, train
 from l0bayes.models import SparseModel
 from l0bayes.nn import gates_of
 from l0bayes.pruning import count_parameters, flops_per_token, network_size, prune, sparsify_transformer
@@ -509,6 +509,103 @@ def test_train_reaches_a_target_architecture_exactly(tmp_path):
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         assert float((loaded(ids[:2]).logits - logits).abs().max()) <= 1e-5 * float(logits.abs().max())
+
+
+def test_arrival_each_fixes_a_block_the_step_its_constraint_arrives():
+    """``arrival="each"``: after a step where one block's expected MLP fraction is at most its target, exactly that
+    block's units are fixed, to the top-``k`` of its ``log_alpha`` (chosen by hand here), its multiplier is zero and
+    its expected fraction is ``k / n`` from then on, however the optimiser moves its ``log_alpha``; the other blocks
+    learn on; once every constraint has arrived the objective says so, and the checkpoint state keeps the fixed
+    blocks."""
+    from l0bayes.inference.objectives import ConstrainedObjective
+
+    gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
+    target = {"num_key_value_heads": 2, "intermediate_size": 12}  # 12 of 48 units; the key-value groups all kept
+    objective = ConstrainedObjective(gated, 8, target_architecture=target, arrival="each", final_phase=0.0,
+                                     multiplier_lr=1.0)  # fmt: skip
+    units = [c for c in objective.architecture.constrained if c.kind == "units"]
+    assert [c.k for c in units] == [12, 12, 12]
+    first = units[0].holders[0].gate.log_alpha
+    values = torch.linspace(-30.0, 3.0, 48)[torch.randperm(48, generator=torch.Generator().manual_seed(0))]
+    with torch.no_grad():
+        first.copy_(values)  # q(z != 0) of most of these is small: block 0's expected fraction is below 12/48
+    with torch.no_grad():
+        expected = objective.expected()
+    index = objective.architecture.constrained.index(units[0])
+    assert float(expected[index]) <= 0.25 and all(float(expected[objective.architecture.constrained.index(c)]) > 0.25
+                                                 for c in units[1:])  # fmt: skip
+    objective.mu.fill_(3.0)
+    objective.update(expected - objective.targets)
+    keep = torch.zeros(48, dtype=torch.bool)
+    keep[torch.topk(values, 12).indices] = True
+    assert torch.equal(first, torch.where(keep, 50.0, -50.0))
+    heads = {i for i, c in enumerate(objective.architecture.constrained) if c.kind == "heads"}
+    assert len(heads) == 3  # (2 of 2 key-value groups: these constraints hold at once, and are fixed open)
+    assert set(objective.fixed_each) == {index} | heads and float(objective.mu[index]) == 0.0
+    assert all(bool((c.holders[0].gate.log_alpha == 50.0).all()) for c in objective.architecture.constrained
+               if c.kind == "heads")  # fmt: skip
+    for c in units[1:]:  # the others' multipliers took their ascent step
+        i = objective.architecture.constrained.index(c)
+        assert float(objective.mu[i]) == pytest.approx(3.0 + float(expected[i]) - 0.25, rel=1e-6)
+    with torch.no_grad():
+        first.add_(torch.randn(48))  # an optimiser step moves it: the next update puts it back
+    objective.update(objective.expected().detach() - objective.targets)
+    assert torch.equal(first, torch.where(keep, 50.0, -50.0)) and float(objective.expected().detach()[index]) == 0.25
+    assert not objective.all_fixed and objective.record()["constraints_fixed"] == 4
+    copy = ConstrainedObjective(gated, 8, target_architecture=target, arrival="each", final_phase=0.0)
+    copy.load_state_dict(objective.state_dict())
+    assert set(copy.fixed_each) == {index} | heads and all(
+        torch.equal(a, b) for a, b in zip(copy.fixed_each[index], objective.fixed_each[index], strict=True)
+    )
+    for c in units[1:]:
+        with torch.no_grad():
+            c.holders[0].gate.log_alpha.fill_(-10.0)
+    objective.update(objective.expected().detach() - objective.targets)
+    assert objective.all_fixed and all(float(objective.expected().detach()[objective.architecture.constrained.index(c)])
+                                       == 0.25 for c in units)  # fmt: skip
+
+
+def test_train_with_arrival_each_reaches_the_target_without_passing_it():
+    """A run of ``train(..., arrival="each")`` on a 3-block Llama: every block's units and key-value groups are
+    fixed on their own (the history counts them, never fewer than before), no expected fraction of a fixed
+    constraint is ever below its target, and the pruned model has the target's sizes and equals the gated one."""
+    gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
+    ids = _ids(64, seed=5)
+    target = {"num_key_value_heads": 1, "intermediate_size": 20}
+    seen = []
+
+    class Watch(Callback):
+        def on_step_end(self, run):
+            objective = run.objective
+            fixed = sorted(objective.fixed_each)
+            expected = objective.expected().tolist()
+            seen.append((fixed, [expected[i] - objective.target_values[i] for i in fixed]))
+
+    result = train(SparseModel(gated, _next_token_loss), ids, ids, objective="constrained",
+                   target_architecture=target, arrival="each", final_phase=0.0, epochs=40, batch_size=32,
+                   lr=0.05, multiplier_lr=5.0, progress=False, device="cpu", callbacks=[Watch()])  # fmt: skip
+    counts = [h["constraints_fixed"] for h in result.history]
+    assert counts == sorted(counts) and counts[-1] == 6 and counts[0] < 6
+    assert all(abs(gap) <= 1e-6 for _, gaps in seen for gap in gaps)
+    pruned = prune(gated.eval())
+    assert pruned.config.num_key_value_heads == 1 and pruned.config.intermediate_size == 20
+    with torch.no_grad():
+        logits = gated(ids[:2]).logits
+        assert float((pruned(ids[:2]).logits - logits).abs().max()) <= 1e-5 * float(logits.abs().max())
+
+
+def test_arrival_each_needs_a_target_architecture():
+    gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
+    model, ids = SparseModel(gated, _next_token_loss), _ids(8)
+    with pytest.raises(ValueError, match="arrival='each' fixes each constraint of a target_architecture"):
+        train(model, ids, ids, objective="constrained", target_density=0.5, arrival="each", progress=False)
+    with pytest.raises(ValueError, match="arrival must be a number >= 0, None or 'each', got 'every'"):
+        train(model, ids, ids, objective="constrained", target_architecture={"intermediate_size": 8},
+              arrival="every", progress=False)  # fmt: skip
+    from l0bayes.inference.objectives import ConstrainedObjective
+
+    with pytest.raises(ValueError, match="arrival='each' fixes each constraint of a target_architecture"):
+        ConstrainedObjective(gated, 8, target_density=0.5, arrival="each")
 
 
 def test_a_target_architecture_run_resumes_bit_exactly_across_its_final_phase(tmp_path, interrupt_at_epoch):

@@ -14,7 +14,7 @@ from .compiled import requirement_error
 from .device import resolve_device
 from .graphed import GRAPH_REQUIREMENT
 from .objectives.constrained import DUAL_RESTARTS
-from .objectives.final_phase import FINAL_PHASE, RANK, RANKS, WAIT
+from .objectives.final_phase import EACH, FINAL_PHASE, RANK, RANKS, WAIT
 
 __all__ = ["OBJECTIVES", "check_arguments"]
 
@@ -33,6 +33,10 @@ CONSTRAINED_ONLY = {
     "dual_restarts": DUAL_RESTARTS,
     "final_phase": FINAL_PHASE,
 }
+
+
+def _is_each(v):
+    return isinstance(v, str) and v == EACH
 
 
 def _is_number(v):
@@ -206,8 +210,14 @@ _ARGUMENT_RULES = (
     *_density_rules("target_flops"),
     (
         lambda a: a["objective"] == "constrained" and a["arrival"] is not None,
-        lambda a: _is_number(a["arrival"]) and 0 <= float(a["arrival"]) < math.inf,
-        "arrival must be a number >= 0 or None, got {arrival!r}",
+        lambda a: _is_each(a["arrival"]) or (_is_number(a["arrival"]) and 0 <= float(a["arrival"]) < math.inf),
+        "arrival must be a number >= 0, None or 'each', got {arrival!r}",
+    ),
+    (
+        lambda a: a["objective"] == "constrained" and _is_each(a["arrival"]),
+        lambda a: a["target_architecture"] is not None,
+        "arrival='each' fixes each constraint of a target_architecture on its own: give target_architecture, or "
+        "arrival=None or a number",
     ),
     (
         lambda a: a["objective"] == "constrained",

@@ -123,7 +123,8 @@ def train(
         then fixed gates that meet the target in the pruned model while the weights go on training, for the
         last ``final_phase`` fraction of the epochs (a warning says when the expected fraction is then more
         than 0.02 above the target, and how many more epochs the Lagrangian needed; ``arrival=0.02`` waits for
-        it instead, until the last epoch at the latest).
+        it instead, until the last epoch at the latest; with ``target_architecture``, ``arrival="each"`` fixes
+        each block's size on its own after the first step at which it arrives).
         ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). Instead of a fraction, a transformer
         gated by :func:`~l0bayes.pruning.sparsify_transformer` takes ``target_architecture``: the sizes of every
         block, e.g. ``{"num_key_value_heads": 1, "intermediate_size": 768, "num_hidden_layers": 15}``

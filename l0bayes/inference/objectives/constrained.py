@@ -15,7 +15,18 @@ from ...nn.gates import gate_owners
 from ...pruning.size import network_size
 from .architecture import ArchitectureConstraints
 from .base import Objective, traced_free_energy
-from .final_phase import ARRIVAL, FINAL_PHASE, RANK, RANKS, TRAJECTORY, WAIT, epochs_needed, fit_groups, group_scores
+from .final_phase import (
+    ARRIVAL,
+    EACH,
+    FINAL_PHASE,
+    RANK,
+    RANKS,
+    TRAJECTORY,
+    WAIT,
+    epochs_needed,
+    fit_groups,
+    group_scores,
+)
 
 __all__ = ["DUAL_RESTARTS", "MULTIPLIER_LR", "MULTIPLIER_LR_PER_LR", "ConstrainedObjective", "measure_name"]
 
@@ -69,7 +80,13 @@ class ConstrainedObjective(Objective):
     :param rank: how the final phase ranks the groups.
     :param arrival: ``None`` (default) fixes the gates at :meth:`final_phase_start` wherever the Lagrangian
         is; a number waits until every expected fraction is at most its target plus it (the last epoch at
-        the latest).
+        the latest). ``"each"`` (with ``target_architecture`` only) fixes each constraint's gates on its own,
+        to exactly its ``k`` top-ranked groups, after the first step at which its expected fraction is at most
+        its target (its multiplier is then zero): the blocks that arrive first do not go on past their targets
+        while the others catch up (measured on SmolLM2: Adam's momentum and the multipliers built up meanwhile
+        carried early blocks to half of their target width). Once every constraint is fixed
+        (:attr:`all_fixed`) the gated model is the pruned architecture; the constraints not fixed by
+        :meth:`final_phase_start` are fixed there, wherever they are.
     """
 
     name = "constrained"
@@ -101,6 +118,12 @@ class ConstrainedObjective(Objective):
             )
         if rank not in RANKS:
             raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+        each = isinstance(arrival, str) and arrival == EACH
+        if each and target_architecture is None:
+            raise ValueError(
+                f"arrival={EACH!r} fixes each constraint of a target_architecture on its own; with a target fraction "
+                "there is no constraint per block: give target_architecture, or arrival=None or a number"
+            )
         self.what = "parameters" if target_flops is None else "flops"
         self.target_name = "target_density" if target_flops is None else "target_flops"
         target = target_density if target_flops is None else target_flops
@@ -135,7 +158,9 @@ class ConstrainedObjective(Objective):
         self.dual_restarts = bool(dual_restarts)
         self.final_phase = float(final_phase)
         self.rank = rank
-        self.arrival = None if arrival is None else float(arrival)
+        self.each = each
+        self.arrival = None if arrival is None or self.each else float(arrival)
+        self.fixed_each = {}  # with arrival="each": constraint index -> the kept-gate masks of its holders
         self.mu = torch.zeros(count, device=device)
         self.fixed = None  # the kept-gate masks during the final phase
         self.fixed_at = None  # the epoch (0-based) at which they were fixed
@@ -177,6 +202,27 @@ class ConstrainedObjective(Objective):
         self.mu.add_(violation, alpha=self.multiplier_lr).clamp_(min=0.0)
         if self.dual_restarts:
             self.mu.masked_fill_(violation <= 0, 0.0)
+        if self.each:
+            self._fix_arrived(violation)
+
+    def _fix_arrived(self, violation):
+        """``arrival="each"``: fix the gates of every constraint whose expected fraction was at most its target at this
+        step (one read from the device), keep those fixed before fixed, and zero their multipliers."""
+        arrived = (violation <= 0).tolist()
+        for i, (choice, done) in enumerate(zip(self.architecture.constrained, arrived, strict=True)):
+            if done and i not in self.fixed_each:
+                scores = [group_scores(holder, holder.gate, self.rank) for holder in choice.holders]
+                self.fixed_each[i] = [keep.cpu() for keep in choice.masks(scores)]
+        if self.fixed_each:
+            self.mu[torch.tensor(sorted(self.fixed_each), device=self.mu.device)] = 0.0
+            self._project_each()
+
+    @property
+    def all_fixed(self):
+        """Whether the gates of every constraint are fixed (with ``arrival="each"``, or in the final phase)."""
+        if self.fixed is not None:
+            return True
+        return self.each and len(self.fixed_each) == len(self.architecture.constrained)
 
     # ------------------------------------------------------------------ phase 2
     def final_phase_start(self, epochs):
@@ -262,11 +308,21 @@ class ConstrainedObjective(Objective):
             self._project()
         elif self.architecture is not None:
             self.architecture.hold_open()
+            self._project_each()
 
     def _project(self):
         for gate, keep in zip(self.gates, self.fixed, strict=True):
-            value = torch.full_like(gate.log_alpha, -self.fixed_log_alpha)
-            gate.log_alpha.copy_(value.masked_fill_(keep.to(value.device), self.fixed_log_alpha))
+            self._fix(gate, keep)
+
+    def _project_each(self):
+        for i, masks in self.fixed_each.items():
+            for holder, keep in zip(self.architecture.constrained[i].holders, masks, strict=True):
+                self._fix(holder.gate, keep)
+
+    def _fix(self, gate, keep):
+        """``log_alpha = +fixed_log_alpha`` where ``keep``, ``-fixed_log_alpha`` elsewhere (in place)."""
+        value = torch.full_like(gate.log_alpha, -self.fixed_log_alpha)
+        gate.log_alpha.copy_(value.masked_fill_(keep.to(value.device), self.fixed_log_alpha))
 
     # ------------------------------------------------------------------ record and state
     @torch.no_grad()
@@ -292,6 +348,7 @@ class ConstrainedObjective(Objective):
             "test_time_density": self.test_time("parameters", False),
             "test_time_density_per_layer": self.test_time("parameters", True),
             "gates_fixed": self.fixed is not None,
+            "constraints_fixed": len(self.targets) if self.fixed is not None else len(self.fixed_each),
             "final_phase_forced": self.forced,
             "density_at_final_phase": None
             if self.density_at_fix is None
@@ -308,6 +365,7 @@ class ConstrainedObjective(Objective):
             "mu": self.mu.detach().cpu().clone(),
             "fixed": None if self.fixed is None else [m.cpu().clone() for m in self.fixed],
             "fixed_at": self.fixed_at,
+            "fixed_each": {i: [m.cpu().clone() for m in masks] for i, masks in self.fixed_each.items()},
             "forced": self.forced,
             "epochs": self.epochs,
             "checked_from": None if self.epochs is None else self.final_phase_start(self.epochs),
@@ -340,6 +398,8 @@ class ConstrainedObjective(Objective):
         self.set_multipliers(state["mu"])
         self.fixed = None if state["fixed"] is None else [m.to(self.mu.device) for m in state["fixed"]]
         self.fixed_at = state.get("fixed_at")  # (absent from checkpoints of earlier versions)
+        each = (state.get("fixed_each") or {}) if self.each else {}  # (absent from checkpoints of earlier versions)
+        self.fixed_each = {int(i): [m.to(self.mu.device) for m in masks] for i, masks in each.items()}
         self.forced = bool(state.get("forced", False))
         self.trajectory = [tuple(t) for t in state.get("trajectory", [])]
         self.density_at_fix = state.get("density_at_fix")  # (absent from checkpoints of earlier versions)

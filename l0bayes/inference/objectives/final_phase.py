@@ -12,6 +12,7 @@ import torch
 
 __all__ = [
     "ARRIVAL",
+    "EACH",
     "FINAL_PHASE",
     "FINAL_PHASE_GAP",
     "RANK",
@@ -35,6 +36,8 @@ FINAL_PHASE_GAP = ARRIVAL
 #: waiting for it to arrive (``arrival=ARRIVAL``) chose the same groups and left fewer epochs to train them
 #: (benchmarks/RESULTS.md, "Constrained sparsity").
 WAIT = None
+#: ``arrival=EACH``: each constraint of a target architecture is fixed on its own, the step it arrives.
+EACH = "each"
 #: How the final phase ranks the groups it keeps (benchmarks/RESULTS.md, "Constrained sparsity").
 RANK = "log_alpha"
 RANKS = ("log_alpha", "norm")
