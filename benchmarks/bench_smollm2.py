@@ -151,6 +151,13 @@ def parse_args(argv=None):
         "are fixed (each)",
     )
     p.add_argument("--arrival", type=float, default=0.02, help="the margin of --cut arrival (ours)")
+    p.add_argument(
+        "--mask-lr",
+        type=float,
+        default=None,
+        help="AdamW step of the weights while the masks learn (ours; default: --lr; 0: the weights stay the "
+        "dense model's until the cut)",
+    )
     p.add_argument("--init-drop-rate", type=float, default=0.1, help="the gates' initial drop rate (ours)")
     p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature (ours)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the distillation KL (ours; 1 - alpha: the CE)")
@@ -359,14 +366,16 @@ def perplexity(model, windows, batch_size=8):
     return math.exp(total / count)
 
 
-def adamw(args):
-    """The optimiser factory of ``train``: AdamW on the weights (and the gates, at their own step, no decay)."""
+def adamw(args, lr=None):
+    """The optimiser factory of ``train``: AdamW on the weights (at ``lr``, by default ``--lr``; and the gates, at
+    their own step, no decay)."""
+    lr = args.lr if lr is None else lr
 
     def build(model):
         groups = parameter_groups(
             model,
             gates={"lr": args.gate_lr, "weight_decay": 0.0},
-            weights={"lr": args.lr, "weight_decay": args.weight_decay},
+            weights={"lr": lr, "weight_decay": args.weight_decay},
         )
         return torch.optim.AdamW(groups)
 
@@ -513,7 +522,7 @@ def method_ours(base, data, args, seed):
             multiplier_lr=args.multiplier_lr,
             epochs=mask_steps,
             record_every=mask_steps,
-            optimizer=adamw(args),
+            optimizer=adamw(args, args.mask_lr),
             progress=False,
             device="cpu",
             seed=seed,
