@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from test_transformer_pruning import _random_gates
 
-from l0bayes.inference import Callback, train
+from l0bayes.inference import Callback, parameter_groups, train
 from l0bayes.models import SparseModel
 from l0bayes.nn import gates_of
 from l0bayes.pruning import count_parameters, flops_per_token, network_size, prune, sparsify_transformer
@@ -608,10 +608,12 @@ def test_arrival_each_needs_a_target_architecture():
         ConstrainedObjective(gated, 8, target_density=0.5, arrival="each")
 
 
-def test_a_target_architecture_run_resumes_bit_exactly_across_its_final_phase(tmp_path, interrupt_at_epoch):
+@pytest.mark.parametrize("arrival", [None, "each"])
+def test_a_target_architecture_run_resumes_bit_exactly_across_its_final_phase(tmp_path, interrupt_at_epoch, arrival):
     """A 4-epoch run to a target architecture, interrupted after its checkpoint of epoch 2 and resumed: the same
     weights, gates, multipliers and history as the straight run (the gates fixed at the same epoch, the resume
-    crossing into the final phase), and the same pruned model; a resume with another target is refused."""
+    crossing into the final phase; with ``arrival="each"``, the blocks fixed before the checkpoint stay fixed), and
+    the same pruned model; a resume with another target is refused."""
 
     def run(**extra):
         torch.manual_seed(0)
@@ -620,11 +622,14 @@ def test_a_target_architecture_run_resumes_bit_exactly_across_its_final_phase(tm
             warnings.simplefilter("ignore")  # four epochs: the Lagrangian has not arrived when the gates are fixed
             result = train(SparseModel(gated, _next_token_loss), ids, ids, objective="constrained",
                            target_architecture=extra.pop("target", target), epochs=4, batch_size=32, lr=0.02,
-                           final_phase=0.5, progress=False, device="cpu", seed=1, **extra)  # fmt: skip
+                           final_phase=0.5, progress=False, device="cpu", seed=1, arrival=arrival,
+                           **(fast if arrival else {}), **extra)  # fmt: skip
         return gated, result
 
     ids = _ids(64, seed=5)
     target = {"num_key_value_heads": 1, "intermediate_size": 20, "num_hidden_layers": 2}
+    # With "each": gates fast enough that some blocks arrive within the two epochs before the checkpoint.
+    fast = {"optimizer": lambda m: torch.optim.Adam(parameter_groups(m, gates={"lr": 1.0})), "multiplier_lr": 20.0}
     straight_model, straight = run()
     checkpoint = tmp_path / "run.pt"
     with interrupt_at_epoch(2):
@@ -637,6 +642,10 @@ def test_a_target_architecture_run_resumes_bit_exactly_across_its_final_phase(tm
     fixed = [h["gates_fixed"] for h in resumed.history]
     assert fixed == [h["gates_fixed"] for h in straight.history] and fixed[:2] == [False, False] and fixed[-1]
     assert [h["mean_loss"] for h in straight.history] == [h["mean_loss"] for h in resumed.history]
+    each = [h["constraints_fixed"] for h in straight.history]
+    assert each == [h["constraints_fixed"] for h in resumed.history]
+    if arrival == "each":  # some blocks were fixed on their own before the checkpoint, not all
+        assert 0 < each[1] < 7
     a, b = prune(straight_model.eval()), prune(resumed_model.eval())
     assert a.config.to_dict() == b.config.to_dict()
     with pytest.raises(ValueError, match=r"trained for target_architecture=\{.*'intermediate_size': 20.*asks .*16"):
