@@ -408,6 +408,34 @@ def test_a_constrained_target_is_a_fraction_in_0_1(examples):
     prop()
 
 
+ARRIVALS = ("each", "every", "EACH", "0.02", 0.0, 0.02, -0.01, math.inf, math.nan, True, None, torch.tensor(0.02))
+
+
+@pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
+@pytest.mark.parametrize("examples", PROFILES)
+def test_arrival_is_a_margin_none_or_each(examples):
+    """``arrival``: ``None``, a finite margin >= 0, or ``"each"``, which needs a target architecture (one constraint
+    per block): with a target density it is refused, saying what to give; anything else is named."""
+
+    @_profile(examples)
+    @given(arrival=st.sampled_from(ARRIVALS))
+    def prop(arrival):
+        x, y = _labelled(8)
+        kwargs = {"objective": "constrained", "target_density": 0.5, "arrival": arrival, "final_phase": 0.5}
+        if isinstance(arrival, str) and arrival == "each":
+            with pytest.raises(ValueError, match=r"^arrival='each' fixes each constraint of a target_architecture"):
+                _fit(_classifier(), x, y, **kwargs)
+        elif arrival is None or (
+            not isinstance(arrival, (bool, str)) and math.isfinite(float(arrival)) and float(arrival) >= 0
+        ):
+            assert math.isfinite(_fit(_classifier(), x, y, **kwargs).history[-1]["mean_loss"])
+        else:
+            with pytest.raises(ValueError, match=r"^arrival must be a number >= 0, None or 'each', got"):
+                _fit(_classifier(), x, y, **kwargs)
+
+    prop()
+
+
 COUNTS = {"epochs": 0, "batch_size": 1, "record_every": 1}  # argument: the smallest value allowed
 COUNT_VALUES = (0, 1, 2, 3, 2.0, 2.5, -1, -1.0, math.inf, -math.inf, math.nan, True, "2", None)
 
