@@ -152,6 +152,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--arrival", type=float, default=0.02, help="the margin of --cut arrival (ours)")
     p.add_argument(
+        "--target-warmup",
+        type=int,
+        default=0,
+        help="ours: steps over which the targets move linearly from the dense model to the target architecture "
+        "(target_warmup; 0: the target from the first step)",
+    )
+    p.add_argument(
         "--mask-lr",
         type=float,
         default=None,
@@ -180,6 +187,8 @@ def parse_args(argv=None):
         p.error(f"--mask-fraction must lie in (0, 1), got {args.mask_fraction}")
     if not args.arrival >= 0:
         p.error(f"--arrival must be at least 0, got {args.arrival}")
+    if args.target_warmup < 0:
+        p.error(f"--target-warmup must be at least 0, got {args.target_warmup}")
     if args.kv_heads is not None and args.kv_heads < 1:
         p.error(f"--kv-heads must be at least 1, got {args.kv_heads}")
     if args.threads is not None and args.threads < 1:
@@ -520,6 +529,7 @@ def method_ours(base, data, args, seed):
             # (a margin read by StopAtArrival only: there is no final phase; "each" fixes the blocks one by one)
             arrival={"arrival": args.arrival, "each": "each"}.get(args.cut),
             multiplier_lr=args.multiplier_lr,
+            target_warmup=args.target_warmup,
             epochs=mask_steps,
             record_every=mask_steps,
             optimizer=adamw(args, args.mask_lr),

@@ -8,6 +8,7 @@ import torch
 
 from l0bayes import pruning
 from l0bayes.inference import ConstrainedObjective, constrained_summary, train
+from l0bayes.inference.callbacks import Callback
 from l0bayes.io import load_checkpoint, save_checkpoint
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP, density
@@ -555,3 +556,86 @@ def test_cli_table_and_summary_give_the_pruned_models_fractions_and_they_agree(t
         f"{summary['test_time_density']:.4f} of dense" in table
         and f"{summary['test_time_flops']:.4f} of dense" in table
     )
+
+
+class _Targets(Callback):
+    """The constrained objective's targets after every step (those of the next step) and its records."""
+
+    def __init__(self):
+        self.after = []
+
+    def on_step_end(self, run):
+        self.after.append(run.objective.targets.tolist())
+
+
+def test_target_warmup_moves_the_target_linearly_then_holds_it():
+    # Sheared-LLaMA's and CoFi's warm-up: the target of step s is 1 - (1 - 0.3) min(1, (s + 1) / 6), so the
+    # constraint starts near the dense model and meets the final target at step 5 (the sixth).
+    x, y = _sparse_regression()
+    watch = _Targets()
+    result = train(SparseLinearRegression(10), x, y, objective="constrained", target_density=0.3, target_warmup=6,
+                   final_phase=0.0, epochs=3, batch_size=50, lr=0.05, seed=3, progress=False,
+                   callbacks=[watch])  # fmt: skip
+    steps = 3 * 4
+    used = [1 - 0.7 / 6] + [t[0] for t in watch.after[:-1]]  # the first step's, then each one set for the next
+    assert used == pytest.approx([1 - 0.7 * min(1.0, (s + 1) / 6) for s in range(steps)], abs=1e-6)
+    assert used[5:] == [pytest.approx(0.3, abs=1e-7)] * (steps - 5)
+    # the records (one per epoch of 4 steps) give the targets of the next step; the final target is unchanged
+    assert [h["target_now"] for h in result.history] == pytest.approx([1 - 0.7 * 5 / 6, 0.3, 0.3], abs=1e-6)
+    assert all(h["target_density"] == 0.3 for h in result.history)
+
+
+def test_target_warmup_keeps_the_lagrangian_from_overshooting_the_target():
+    # The same run (100 steps, a fast multiplier) with the target at once and warmed up over 40 steps: at once the
+    # gates close past the target (Adam's momentum and the multiplier built up on the way: the expected density
+    # falls to about 0.13 against 0.3) and reopen slowly; warmed up, they follow the target down and stay on it.
+    x, y = _sparse_regression()
+
+    def expected(warmup):
+        torch.manual_seed(0)
+        history = train(SparseLinearRegression(10), x, y, objective="constrained", target_density=0.3,
+                        target_warmup=warmup, multiplier_lr=1.0, final_phase=0.0, epochs=25, batch_size=50, lr=0.1,
+                        seed=3, progress=False).history  # fmt: skip
+        return [h["constraint"][0] for h in history]
+
+    at_once, warmed = expected(0), expected(40)
+    assert min(at_once) < 0.2 and at_once[-1] < 0.25
+    assert min(warmed) > 0.29 and warmed[-1] == pytest.approx(0.3, abs=0.01)
+    assert warmed[1] > at_once[1] + 0.05  # (and the gates close later)
+
+
+@pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
+@pytest.mark.parametrize("warmup", [0, 10])
+def test_a_run_with_target_warmup_resumes_bit_exactly(warmup, tmp_path, interrupt_at_epoch):
+    # Interrupted after epoch 2 (step 8): with a 10-step warm-up the resume continues the schedule where it was.
+    x, y = _sparse_regression()
+    kw = dict(objective="constrained", target_density=0.3, target_warmup=warmup, final_phase=0.25, epochs=4,
+              batch_size=50, lr=0.05, seed=3, progress=False)  # fmt: skip
+    torch.manual_seed(0)
+    straight_model = SparseLinearRegression(10)
+    straight = train(straight_model, x, y, **kw)
+    ckpt = str(tmp_path / "ckpt.pt")
+    torch.manual_seed(0)
+    with interrupt_at_epoch(2):
+        train(SparseLinearRegression(10), x, y, checkpoint=ckpt, **kw)
+    torch.manual_seed(99)
+    resumed_model = SparseLinearRegression(10)
+    resumed = train(resumed_model, x, y, checkpoint=ckpt, resume=True, **kw)
+    _same_run(straight_model, straight, resumed_model, resumed)
+    assert [h.get("target_now") for h in straight.history] == [h.get("target_now") for h in resumed.history]
+    with pytest.raises(ValueError, match=f"trained with target_warmup={warmup}, this run asks target_warmup=5"):
+        train(SparseLinearRegression(10), x, y, checkpoint=ckpt, resume=True, **{**kw, "target_warmup": 5})
+
+
+def test_target_warmup_arguments():
+    x, y = _sparse_regression(n=50, p=5)
+    model = SparseLinearRegression(5)
+    for bad in (-1, 1.5, float("inf")):
+        with pytest.raises(ValueError, match="target_warmup must be a whole number of steps >= 0"):
+            train(model, x, y, objective="constrained", target_density=0.5, target_warmup=bad, progress=False)
+    with pytest.raises(ValueError, match="target_warmup must be a whole number of steps >= 0, got True"):
+        train(model, x, y, objective="constrained", target_density=0.5, target_warmup=True, progress=False)
+    with pytest.raises(ValueError, match="target_warmup=10"):  # another objective would ignore it
+        train(model, x, y, objective="penalized", target_warmup=10, progress=False)
+    with pytest.raises(ValueError, match="target_warmup must be a whole number of steps >= 0, got 2.0"):
+        ConstrainedObjective(model, 50, target_density=0.5, target_warmup=2.0)

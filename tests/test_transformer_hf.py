@@ -662,3 +662,31 @@ def test_target_architecture_only_with_the_constrained_objective():
               target_architecture={"intermediate_size": 8}, progress=False)  # fmt: skip
     with pytest.raises(ValueError, match="num_hidden_layers=2: the blocks have no block gates.*depth=True"):
         train(model, ids, ids, objective="constrained", target_architecture={"num_hidden_layers": 2}, progress=False)
+
+
+def test_arrival_each_with_target_warmup_waits_for_the_final_target():
+    """With a target warm-up, ``arrival="each"`` fixes a block when its expected fraction reaches the final target,
+    not the warm-up's current one, which lies above it until the warm-up ends."""
+    from l0bayes.inference.objectives import ConstrainedObjective
+
+    gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
+    target = {"num_key_value_heads": 2, "intermediate_size": 12}  # 12 of 48 units
+    objective = ConstrainedObjective(gated, 8, target_architecture=target, arrival="each", final_phase=0.0,
+                                     target_warmup=10)  # fmt: skip
+    units = [c for c in objective.architecture.constrained if c.kind == "units"]
+    index = objective.architecture.constrained.index(units[0])
+    assert float(objective.targets[index]) == pytest.approx(1 - 0.75 / 10)
+    log_alpha = units[0].holders[0].gate.log_alpha
+    with torch.no_grad():  # about half of block 0's units open: below the current target, above the final 0.25
+        log_alpha.copy_(torch.where(torch.arange(48) < 24, 5.0, -30.0))
+        expected = objective.expected()
+    assert 0.25 < float(expected[index]) < float(objective.targets[index])
+    objective.update(expected - objective.targets)
+    assert index not in objective.fixed_each and float(objective.mu[index]) == 0.0  # (the current target holds)
+    assert float(objective.targets[index]) == pytest.approx(1 - 0.75 * 2 / 10)
+    with torch.no_grad():  # 11 open: the final target reached
+        log_alpha.copy_(torch.where(torch.arange(48) < 11, 5.0, -30.0))
+        expected = objective.expected()
+    objective.update(expected - objective.targets)
+    assert index in objective.fixed_each
+    assert int((log_alpha == 50.0).sum()) == 12 and bool((log_alpha[:11] == 50.0).all())

@@ -32,6 +32,7 @@ CONSTRAINED_ONLY = {
     "multiplier_lr": None,
     "dual_restarts": DUAL_RESTARTS,
     "final_phase": FINAL_PHASE,
+    "target_warmup": 0,
 }
 
 
@@ -218,6 +219,11 @@ _ARGUMENT_RULES = (
         lambda a: a["target_architecture"] is not None,
         "arrival='each' fixes each constraint of a target_architecture on its own: give target_architecture, or "
         "arrival=None or a number",
+    ),
+    (
+        lambda a: a["objective"] == "constrained",
+        lambda a: _is_number(a["target_warmup"]) and _whole(a["target_warmup"], 0),
+        "target_warmup must be a whole number of steps >= 0, got {target_warmup!r}",
     ),
     (
         lambda a: a["objective"] == "constrained",

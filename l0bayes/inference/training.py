@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._checks import whole
 from ..threads import thread_policy
 from .arguments import check_arguments
 from .batches import CheckedBatches, make_batches
@@ -79,6 +80,7 @@ def train(
     log_alpha_range=None,
     ema_decay=None,
     final_phase=FINAL_PHASE,
+    target_warmup=0,
     record_every=1,
     optimizer=None,
     scheduler=None,
@@ -124,7 +126,9 @@ def train(
         last ``final_phase`` fraction of the epochs (a warning says when the expected fraction is then more
         than 0.02 above the target, and how many more epochs the Lagrangian needed; ``arrival=0.02`` waits for
         it instead, until the last epoch at the latest; with ``target_architecture``, ``arrival="each"`` fixes
-        each block's size on its own after the first step at which it arrives).
+        each block's size on its own after the first step at which it arrives; ``target_warmup=W`` moves the
+        targets linearly from the dense model to ``target_*`` over the first ``W`` steps, so that the gates close
+        gradually while the weights train).
         ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). Instead of a fraction, a transformer
         gated by :func:`~l0bayes.pruning.sparsify_transformer` takes ``target_architecture``: the sizes of every
         block, e.g. ``{"num_key_value_heads": 1, "intermediate_size": 768, "num_hidden_layers": 15}``
@@ -134,7 +138,8 @@ def train(
         The history records the expected fraction (``constraint``), the pruned model's (``test_time_density``,
         ``test_time_density_per_layer``, ``test_time_flops`` when the input shape is known) and the multipliers.
         These settings (``target_density``, ``target_flops``, ``target_architecture``, ``per_layer``, ``rank``,
-        ``arrival``, ``multiplier_lr``, ``dual_restarts``, ``final_phase``) are the constrained objective's: given
+        ``arrival``, ``multiplier_lr``, ``dual_restarts``, ``final_phase``, ``target_warmup``) are the constrained
+        objective's: given
         to another objective, which would ignore them, they are a ``ValueError``.
     :param device: where to train: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a
         :class:`torch.device` that can train (not ``"meta"``). The model moves
@@ -319,10 +324,11 @@ def _build_run(model, x, y, a, ddp):
         k: a[k]
         for k in (
             "target_density", "target_flops", "target_architecture", "rank", "arrival", "per_layer", "dual_restarts",
-            "final_phase",
+            "final_phase", "target_warmup",
         )
     }  # fmt: skip
     if a["objective"] == "constrained":
+        constrained["target_warmup"] = whole(a["target_warmup"])
         shape = a["input_shape"]
         if shape is None and torch.is_tensor(x):
             shape = tuple(x.shape[1:])

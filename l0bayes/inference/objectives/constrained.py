@@ -87,6 +87,11 @@ class ConstrainedObjective(Objective):
         carried early blocks to half of their target width). Once every constraint is fixed
         (:attr:`all_fixed`) the gated model is the pruned architecture; the constraints not fixed by
         :meth:`final_phase_start` are fixed there, wherever they are.
+    :param int target_warmup: the number of steps over which the targets move linearly from the dense model
+        (1) to ``target_*`` (CoFi's and Sheared-LLaMA's Lagrangian warm-up): at step :math:`s` (from 0) the
+        constraint is :math:`d_k \le 1 - (1 - \epsilon_k) \min(1, (s + 1) / W)`, so the gates close gradually
+        while the weights train beside them instead of all at once. ``0`` (default): the target from the first
+        step. The final phase, ``arrival`` and ``"each"`` judge arrival against the final target.
     """
 
     name = "constrained"
@@ -106,8 +111,11 @@ class ConstrainedObjective(Objective):
         rank=RANK,
         arrival=WAIT,
         target_architecture=None,
+        target_warmup=0,
     ):
         super().__init__(model, num_data)
+        if isinstance(target_warmup, bool) or not isinstance(target_warmup, int) or target_warmup < 0:
+            raise ValueError(f"target_warmup must be a whole number of steps >= 0, got {target_warmup!r}")
         given = [t for t in (target_density, target_flops, target_architecture) if t is not None]
         if len(given) != 1:
             raise ValueError(
@@ -153,7 +161,11 @@ class ConstrainedObjective(Objective):
         self.has_flops = self.size.calls is not None
         device = self.gates[0].log_alpha.device
         self.target_values = targets.tolist()  # exact, for the final phase's budget
-        self.targets = targets.to(torch.float32).to(device)
+        self.final_targets = targets.to(torch.float32).to(device)
+        self.target_warmup = int(target_warmup)
+        self.updates = 0  # the steps taken, for the warm-up of the targets
+        self.targets = self.final_targets.clone()  # the targets of the next step (in place: a captured step reads it)
+        self._warm_targets()
         self.multiplier_lr = float(multiplier_lr)
         self.dual_restarts = bool(dual_restarts)
         self.final_phase = float(final_phase)
@@ -202,8 +214,17 @@ class ConstrainedObjective(Objective):
         self.mu.add_(violation, alpha=self.multiplier_lr).clamp_(min=0.0)
         if self.dual_restarts:
             self.mu.masked_fill_(violation <= 0, 0.0)
-        if self.each:
-            self._fix_arrived(violation)
+        if self.each:  # arrived at the final target (the warm-up's current one may lie above it)
+            self._fix_arrived(violation + (self.targets - self.final_targets).to(violation.dtype))
+        self.updates += 1
+        self._warm_targets()
+
+    def _warm_targets(self):
+        """Set the targets of the next step: ``1 - (1 - target) * min(1, (step + 1) / target_warmup)``."""
+        if self.target_warmup == 0:
+            return
+        share = min(1.0, (self.updates + 1) / self.target_warmup)
+        self.targets.copy_(1.0 - (1.0 - self.final_targets) * share)
 
     def _fix_arrived(self, violation):
         """``arrival="each"``: fix the gates of every constraint whose expected fraction was at most its target at this
@@ -272,6 +293,8 @@ class ConstrainedObjective(Objective):
         d, t = far
         more = epochs_needed(self.trajectory, self.target_values, ARRIVAL)
         hint = f"about {more} more epochs" if more is not None else "more epochs"
+        if self.updates + 1 < self.target_warmup:
+            hint += f" (the target warm-up had {self.target_warmup - self.updates - 1} of its steps to go)"
         warn(
             f"constrained: the gates are fixed at epoch {epoch + 1} of {epochs} before the Lagrangian arrived: "
             f"expected {measure_name(self.what)} {d:.3f} against the target {t:.3f}, so the final phase cuts the "
@@ -354,6 +377,8 @@ class ConstrainedObjective(Objective):
             if self.density_at_fix is None
             else _scalar_or_list(self.density_at_fix, self.per_layer),
         }
+        if self.target_warmup:
+            out["target_now"] = _scalar_or_list(self.targets.tolist(), self.per_layer or self.architecture is not None)
         if self.has_flops:
             out["test_time_flops"] = self.test_time("flops", False)
             out["test_time_flops_per_layer"] = self.test_time("flops", True)
@@ -370,7 +395,9 @@ class ConstrainedObjective(Objective):
             "epochs": self.epochs,
             "checked_from": None if self.epochs is None else self.final_phase_start(self.epochs),
             "trajectory": list(self.trajectory),
-            "targets": self.targets.cpu().clone(),
+            "targets": self.final_targets.cpu().clone(),
+            "updates": self.updates,
+            "target_warmup": self.target_warmup,
             "what": self.what,
             "per_layer": self.per_layer,
             "density_at_fix": self.density_at_fix,
@@ -383,7 +410,7 @@ class ConstrainedObjective(Objective):
         if (
             what != self.what
             or bool(state["per_layer"]) != self.per_layer
-            or not torch.equal(state["targets"], self.targets.cpu())
+            or not torch.equal(state["targets"], self.final_targets.cpu())
         ):
             if what == self.what == "architecture" and state.get("architecture") is not None:
                 raise ValueError(
@@ -393,9 +420,16 @@ class ConstrainedObjective(Objective):
             raise ValueError(
                 f"the checkpoint was trained for target {measure_name(what)} {state['targets'].tolist()} "
                 f"(per_layer={bool(state['per_layer'])}), this run asks target {measure_name(self.what)} "
-                f"{self.targets.tolist()} (per_layer={self.per_layer})"
+                f"{self.final_targets.tolist()} (per_layer={self.per_layer})"
+            )
+        if int(state.get("target_warmup", 0)) != self.target_warmup:  # (absent from checkpoints of earlier versions)
+            raise ValueError(
+                f"the checkpoint was trained with target_warmup={int(state.get('target_warmup', 0))}, this run asks "
+                f"target_warmup={self.target_warmup}"
             )
         self.set_multipliers(state["mu"])
+        self.updates = int(state.get("updates", 0))
+        self._warm_targets()
         self.fixed = None if state["fixed"] is None else [m.to(self.mu.device) for m in state["fixed"]]
         self.fixed_at = state.get("fixed_at")  # (absent from checkpoints of earlier versions)
         each = (state.get("fixed_each") or {}) if self.each else {}  # (absent from checkpoints of earlier versions)
