@@ -206,6 +206,7 @@ class ConstrainedObjective(Objective):
     def update(self, violation):
         if self.fixed is not None:
             self._project()
+            self._advance()
             return
         if self.architecture is not None:  # the gates the target leaves open stay open
             self.architecture.hold_open()
@@ -216,6 +217,10 @@ class ConstrainedObjective(Objective):
             self.mu.masked_fill_(violation <= 0, 0.0)
         if self.each:  # arrived at the final target (the warm-up's current one may lie above it)
             self._fix_arrived(violation + (self.targets - self.final_targets).to(violation.dtype))
+        self._advance()
+
+    def _advance(self):
+        """One step taken: the warm-up's targets of the next step."""
         self.updates += 1
         self._warm_targets()
 
