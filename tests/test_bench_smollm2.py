@@ -141,3 +141,22 @@ def test_block_influence_and_layer_dropping(bench, tmp_path):
     assert loaded.config.num_hidden_layers == 2
     with torch.no_grad():
         assert torch.allclose(loaded(ids).logits, logits, atol=1e-5)
+
+
+def test_the_target_warmup(bench, tmp_path):
+    """``--target-warmup`` moves the targets down over its steps: the blocks reach the target architecture, and so
+    the cut, later than with the target at once (the same run otherwise); the pruned model still has exactly the
+    target's units."""
+
+    def run(warmup):
+        out = bench.main(["--tiny", "--methods", "ours", "--steps", "40", "--eval-sequences", "2", "--seq-len", "16",
+                           "--timing-steps", "0", "--timing-repeats", "1", "--threads", "1", "--cut", "each",
+                           "--mask-fraction", "0.9", "--multiplier-lr", "20", "--gate-lr", "1", "--alpha", "0",
+                           "--target-warmup", str(warmup), "--out", str(tmp_path / f"w{warmup}")])  # fmt: skip
+        return out["runs"][0]
+
+    at_once, warmed = run(0), run(20)
+    assert at_once["mask_steps"] < warmed["mask_steps"] < 36 and warmed["steps"] == 40
+    assert warmed["expected_units"] == warmed["architecture"]["intermediate_size"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", "unused", "--target-warmup", "-1"])
