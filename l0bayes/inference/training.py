@@ -139,8 +139,7 @@ def train(
         ``test_time_density_per_layer``, ``test_time_flops`` when the input shape is known) and the multipliers.
         These settings (``target_density``, ``target_flops``, ``target_architecture``, ``per_layer``, ``rank``,
         ``arrival``, ``multiplier_lr``, ``dual_restarts``, ``final_phase``, ``target_warmup``) are the constrained
-        objective's: given
-        to another objective, which would ignore them, they are a ``ValueError``.
+        objective's: given to another objective, which would ignore them, they are a ``ValueError``.
     :param device: where to train: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a
         :class:`torch.device` that can train (not ``"meta"``). The model moves
         there for training and back to the device it was on when ``train`` returns (or raises), like the

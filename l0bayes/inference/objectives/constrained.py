@@ -6,6 +6,7 @@ then a final phase that fixes the gates (:mod:`~l0bayes.inference.objectives.fin
 """
 
 import math
+import numbers
 
 import torch
 
@@ -114,7 +115,7 @@ class ConstrainedObjective(Objective):
         target_warmup=0,
     ):
         super().__init__(model, num_data)
-        if isinstance(target_warmup, bool) or not isinstance(target_warmup, int) or target_warmup < 0:
+        if isinstance(target_warmup, bool) or not isinstance(target_warmup, numbers.Integral) or target_warmup < 0:
             raise ValueError(f"target_warmup must be a whole number of steps >= 0, got {target_warmup!r}")
         given = [t for t in (target_density, target_flops, target_architecture) if t is not None]
         if len(given) != 1:
