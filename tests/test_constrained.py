@@ -631,11 +631,11 @@ def test_target_warmup_arguments():
     x, y = _sparse_regression(n=50, p=5)
     model = SparseLinearRegression(5)
     for bad in (-1, 1.5, float("inf")):
-        with pytest.raises(ValueError, match="target_warmup must be a whole number of steps >= 0"):
+        with pytest.raises(ValueError, match="target_warmup must be a whole number >= 0"):
             train(model, x, y, objective="constrained", target_density=0.5, target_warmup=bad, progress=False)
-    with pytest.raises(ValueError, match="target_warmup must be a whole number of steps >= 0, got True"):
+    with pytest.raises(TypeError, match="target_warmup must be a whole number >= 0, got True"):
         train(model, x, y, objective="constrained", target_density=0.5, target_warmup=True, progress=False)
     with pytest.raises(ValueError, match="target_warmup=10"):  # another objective would ignore it
         train(model, x, y, objective="penalized", target_warmup=10, progress=False)
-    with pytest.raises(ValueError, match="target_warmup must be a whole number of steps >= 0, got 2.0"):
+    with pytest.raises(ValueError, match="target_warmup must be a whole number >= 0, got 2.0"):
         ConstrainedObjective(model, 50, target_density=0.5, target_warmup=2.0)

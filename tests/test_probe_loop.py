@@ -436,6 +436,41 @@ def test_arrival_is_a_margin_none_or_each(examples):
     prop()
 
 
+WARMUPS = (0, 3, 3.0, 2.5, -1, math.inf, math.nan, True, "3", None, torch.tensor(3))
+
+
+@pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
+@pytest.mark.parametrize("examples", PROFILES)
+def test_target_warmup_is_a_whole_number_of_steps(examples):
+    """``target_warmup``: a whole number of steps >= 0 (``3.0`` trains as ``3``); a non-number is a ``TypeError``,
+    anything else a ``ValueError``, both naming it; given to another objective, it is refused as ignored."""
+
+    @_profile(examples)
+    @given(warmup=st.sampled_from(WARMUPS))
+    def prop(warmup):
+        x, y = _labelled(8)
+        kwargs = {"objective": "constrained", "target_density": 0.5, "final_phase": 0.5, "target_warmup": warmup}
+        message = rf"^target_warmup must be a whole number >= 0, got {re.escape(repr(warmup))}$"
+        if isinstance(warmup, (bool, str)) or warmup is None:
+            with pytest.raises(TypeError, match=message):
+                _fit(_classifier(), x, y, **kwargs)
+            return
+        value = float(warmup)
+        if not (math.isfinite(value) and value == math.floor(value) and value >= 0):
+            with pytest.raises(ValueError, match=message):
+                _fit(_classifier(), x, y, **kwargs)
+            return
+        result = _fit(_classifier(), x, y, **kwargs)
+        reference = _fit(_classifier(), x, y, **{**kwargs, "target_warmup": int(value)})
+        assert [h["mean_loss"] for h in result.history] == [h["mean_loss"] for h in reference.history]
+        assert result.history[-1].get("target_now") == reference.history[-1].get("target_now")
+        if int(value):
+            with pytest.raises(ValueError, match=r"target_warmup=.*only objective='constrained'"):
+                _fit(_classifier(), x, y, **PENALIZED, target_warmup=warmup)
+
+    prop()
+
+
 COUNTS = {"epochs": 0, "batch_size": 1, "record_every": 1}  # argument: the smallest value allowed
 COUNT_VALUES = (0, 1, 2, 3, 2.0, 2.5, -1, -1.0, math.inf, -math.inf, math.nan, True, "2", None)
 

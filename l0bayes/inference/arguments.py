@@ -220,11 +220,7 @@ _ARGUMENT_RULES = (
         "arrival='each' fixes each constraint of a target_architecture on its own: give target_architecture, or "
         "arrival=None or a number",
     ),
-    (
-        lambda a: a["objective"] == "constrained",
-        lambda a: _is_number(a["target_warmup"]) and _whole(a["target_warmup"], 0),
-        "target_warmup must be a whole number of steps >= 0, got {target_warmup!r}",
-    ),
+    *_count_rules("target_warmup", 0),
     (
         lambda a: a["objective"] == "constrained",
         lambda a: a["rank"] in RANKS,

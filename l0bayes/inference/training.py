@@ -323,11 +323,11 @@ def _build_run(model, x, y, a, ddp):
         k: a[k]
         for k in (
             "target_density", "target_flops", "target_architecture", "rank", "arrival", "per_layer", "dual_restarts",
-            "final_phase", "target_warmup",
+            "final_phase",
         )
     }  # fmt: skip
     if a["objective"] == "constrained":
-        constrained["target_warmup"] = whole(a["target_warmup"])
+        constrained["target_warmup"] = whole(a["target_warmup"])  # (3.0 means 3)
         shape = a["input_shape"]
         if shape is None and torch.is_tensor(x):
             shape = tuple(x.shape[1:])

@@ -116,7 +116,7 @@ class ConstrainedObjective(Objective):
     ):
         super().__init__(model, num_data)
         if isinstance(target_warmup, bool) or not isinstance(target_warmup, numbers.Integral) or target_warmup < 0:
-            raise ValueError(f"target_warmup must be a whole number of steps >= 0, got {target_warmup!r}")
+            raise ValueError(f"target_warmup must be a whole number >= 0, got {target_warmup!r}")
         given = [t for t in (target_density, target_flops, target_architecture) if t is not None]
         if len(given) != 1:
             raise ValueError(
