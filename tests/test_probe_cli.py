@@ -507,8 +507,36 @@ def test_a_check_that_cannot_run_says_so_in_the_table(tmp_path, capsys, model, f
     printed = capsys.readouterr().out
     check = json.loads((tmp_path / "run" / "summary.json").read_text())["inclusion_check"]
     assert check["method"] == "not run" and not check["reliable"] and reason in check["diagnostic"]
-    assert set(check["status"]) == {"unchecked"} and check["checked"] == check["variational"]
+    assert check["checked"] == [min(q, 0.9) for q in check["variational"]]  # the gates' own, never above 0.9
+    assert check["status"] == ["capped" if q > 0.9 else "unchecked" for q in check["variational"]]
     assert "inclusion check (not run" in printed and "NOT reliable" in printed
+
+
+def test_an_unchecked_probability_is_never_reported_above_0_9(monkeypatch):
+    """A failed check vouches for no probability: one above 0.9 is reported as 0.9 and marked capped, also where
+    select_variables left it (a feature that mixed on its own in a sampler that did not: it was shown as 0.912)."""
+    from types import SimpleNamespace
+
+    import l0bayes.selection
+    from l0bayes.cli.inclusion import check_inclusion
+    from l0bayes.data import load_dataset
+    from l0bayes.models import SparseLogisticRegression
+
+    data = load_dataset("breast-cancer", seed=0)
+    p = data.num_features
+    estimate = np.linspace(0.2, 0.8, p)
+    estimate[[3, 10]] = 0.912, 0.9  # 10: capped by select_variables itself (its estimate was above 0.9)
+    returned = SimpleNamespace(
+        inclusion_probabilities=estimate, reliable=False, capped=np.array([10]), method="mcmc", khat=1.3,
+        mcse=np.full(p, 0.01), diagnostic="NOT mixed",
+    )  # fmt: skip
+    monkeypatch.setattr(l0bayes.selection, "select_variables", lambda *args, **kwargs: returned)
+    check = check_inclusion({"model": "logistic", "seed": 0}, SparseLogisticRegression(p), data, data.y_train,
+                            data.feature_names)  # fmt: skip
+    assert max(check["checked"]) == 0.9 and check["checked"][3] == check["checked"][10] == 0.9
+    assert [j for j, s in enumerate(check["status"]) if s == "capped"] == [3, 10]
+    assert set(check["status"]) == {"unchecked", "capped"}
+    np.testing.assert_array_equal(np.delete(check["checked"], [3, 10]), np.delete(estimate, [3, 10]))
 
 
 @pytest.mark.slow
@@ -532,6 +560,8 @@ def test_the_logistic_bayes_table_is_checked_too(tmp_path, capsys):
             seed=0,
         )
     assert check["method"] == reference.method and check["reliable"] == reference.reliable
-    np.testing.assert_allclose([pi for _, pi, _ in summary["features"]], reference.inclusion_probabilities)
-    if not check["reliable"]:
+    expected = reference.inclusion_probabilities
+    if not check["reliable"]:  # a failed check: none above 0.9 in the table
+        expected = np.minimum(expected, 0.9)
         assert set(check["status"]) <= {"unchecked", "capped"}
+    np.testing.assert_allclose([pi for _, pi, _ in summary["features"]], expected)

@@ -33,6 +33,26 @@ STATUS_WORDS = {
 }
 
 
+def cap_unchecked(probabilities, capped=()):
+    """The probabilities of a failed check as the table reports them: none above 0.9.
+
+    A check that failed vouches for no probability, so every one above 0.9 (the cap of
+    :func:`~l0bayes.selection.select_variables`, :data:`l0bayes.selection.result.CAP`) is reported as 0.9: a
+    feature that mixed on its own in a sampler that did not, or a trained gate's where the check could not run,
+    as well as those that ``select_variables`` capped itself (``capped``, their indices).
+
+    :returns: ``(probabilities, status)``: the capped copy and ``"capped"`` or ``"unchecked"`` per feature.
+    """
+    import numpy as np
+
+    from ..selection.result import CAP
+
+    probabilities = np.asarray(probabilities, dtype=np.float64)
+    over = probabilities > CAP
+    over[np.asarray(capped, dtype=np.int64)] = True
+    return np.where(over, np.minimum(probabilities, CAP), probabilities), np.where(over, "capped", "unchecked").tolist()
+
+
 def _noise_scale(x, y, model):
     """The noise sd of the check: the least-squares residual sd with every feature (``n > p + 1``), else the
     model's own estimate."""
@@ -99,14 +119,13 @@ def check_inclusion(cfg, model, data, y_train, feature_names):
         result = _NotRun(f"the check could not run ({reason}): the probabilities are the trained gates' own")
     else:
         checked = np.asarray(result.inclusion_probabilities, dtype=np.float64)
-    gap = np.abs(variational - checked)
-    allowed = AGREE + (2 * np.nan_to_num(result.mcse) if result.mcse is not None else 0.0)
     if result.reliable:
+        gap = np.abs(variational - checked)
+        allowed = AGREE + (2 * np.nan_to_num(result.mcse) if result.mcse is not None else 0.0)
         status = np.where(gap <= allowed, "agrees", "corrected").tolist()
     else:
-        status = ["unchecked"] * len(checked)
-        for j in np.asarray(result.capped, dtype=np.int64).tolist():
-            status[j] = "capped"
+        checked, status = cap_unchecked(checked, result.capped)
+        gap = np.abs(variational - checked)
     worst = int(np.argmax(gap))
     khat = float(result.khat)
     return {
