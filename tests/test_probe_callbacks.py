@@ -682,3 +682,16 @@ def test_tensorboard_log_dir_that_is_a_file_is_named(tmp_path):
     with pytest.raises(FileExistsError, match=r"^TensorBoard: log_dir '.*a-file' is a file, not a directory$"):
         _fit(_model("classifier"), x, y, callbacks=[TensorBoard(str(path))])
     assert path.read_text() == "x"
+
+
+@pytest.mark.parametrize("spelling", ["same", "trailing slash", "dot segment"])
+def test_two_tensorboards_on_one_directory_are_told_to_use_distinct_log_dirs(tmp_path, spelling):
+    x, y = _data("classifier", 8)
+    first = str(tmp_path / "tb")
+    second = {"same": first, "trailing slash": first + os.sep, "dot segment": str(tmp_path / "." / "tb")}[spelling]
+    with pytest.raises(ValueError, match=r"write to the same log_dir .*give each its own log_dir$"):
+        _fit(_model("classifier"), x, y, callbacks=[TensorBoard(first), TensorBoard(second)])
+    assert not os.path.exists(first)  # refused before anything was written
+    # Distinct directories clash only in the checkpoint entry, which is then what the message names.
+    with pytest.raises(ValueError, match="distinct state_key"):
+        _fit(_model("classifier"), x, y, callbacks=[TensorBoard(first), TensorBoard(str(tmp_path / "other"))])

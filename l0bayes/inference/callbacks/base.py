@@ -23,6 +23,7 @@ callback and the entry.
 import collections
 import contextlib
 import numbers
+import os
 
 import numpy as np
 import torch
@@ -92,6 +93,7 @@ class CallbackList(Callback):
         for cb in self.callbacks:
             if not isinstance(cb, Callback):
                 raise TypeError(f"callbacks must be l0bayes.inference.Callback instances, got {type(cb).__name__}")
+        _same_directory(self.callbacks)
         keys = [cb.key for cb in self.callbacks if type(cb).state_dict is not Callback.state_dict]
         duplicated = sorted({k for k in keys if keys.count(k) > 1})
         if duplicated:
@@ -148,6 +150,23 @@ class CallbackList(Callback):
         for cb in self.callbacks:
             if cb.key in state:
                 cb.load_state_dict(state[cb.key])
+
+
+def _same_directory(callbacks):
+    """Raise when two callbacks write to one directory (their ``log_dir``, e.g. two
+    :class:`~l0bayes.inference.callbacks.TensorBoard`): that, not their checkpoint entry, is what to change."""
+    seen = {}
+    for cb in callbacks:
+        log_dir = getattr(cb, "log_dir", None)
+        if not isinstance(log_dir, str):
+            continue
+        where = os.path.normcase(os.path.abspath(log_dir))
+        if where in seen:
+            raise ValueError(
+                f"two callbacks ({type(seen[where]).__name__} and {type(cb).__name__}) write to the same log_dir "
+                f"{log_dir!r}: their events would mix in one curve; give each its own log_dir"
+            )
+        seen[where] = cb
 
 
 def plain(value, where):
