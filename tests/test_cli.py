@@ -385,10 +385,10 @@ def test_regression_export_predicts_like_the_coefficients(tmp_path):
 
 
 def test_readme_seed_0_figure(tmp_path, capsys):
-    """The main job's figures printed in README.md (seed 0) and docs/cli.md (its table) are what a run gives.
+    """The main job's seed-0 test error printed in README.md is what a run gives, within the drift between CPUs.
 
-    ``l0bayes fit --seed 0 --device cpu`` with every other option at its default (a few seconds); the table of
-    docs/cli.md is compared row by row, except the wall time and the output directory.
+    ``l0bayes fit --seed 0 --device cpu`` with every other option at its default (a few seconds). The table of
+    docs/cli.md is compared with a run of its own command by tests/test_docs.py.
     """
     root = Path(__file__).resolve().parents[1]
     readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
@@ -398,34 +398,16 @@ def test_readme_seed_0_figure(tmp_path, capsys):
         readme,
     )
     assert match, "README.md: the seed-0 figure of the main job is not where this test looks for it"
-    page = (root / "docs" / "cli.md").read_text(encoding="utf-8")
-    documented = re.search(r"```text\n(l0bayes fit: .*?)```", page, flags=re.DOTALL).group(1).splitlines()
     # on the CPU, as documented, also where CUDA exists (a GPU draws other gate noise)
     assert main(["fit", "--seed", "0", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "run")]) == 0
-    printed = capsys.readouterr().out
+    capsys.readouterr()
     error = json.loads((tmp_path / "run" / "summary.json").read_text())["test"]
     # Another CPU's kernels (AVX2 against AVX-512) round differently and 100 epochs amplify it: the same gates
-    # open (the architecture, parameter and FLOP rows are exact), the data term a few digits away.
+    # open, the test error a few digits away.
     assert abs(100 * error - float(match.group(1))) <= DIGITS_DRIFT, "README.md's seed-0 test error is off"
-    table = printed[printed.index("l0bayes fit: ") :].splitlines()
-    moving = ("wall time", "output", "---")  # and the rules, as wide as the widest row
-    drifting = {"test error": DIGITS_DRIFT, "expected FLOPs": 0.01, "objective (Eq. 22)": 0.05, "expected L0": 0.01}
-
-    def rows(lines):
-        return [r for r in lines if not r.startswith(moving + tuple(drifting))]
-
-    assert rows(table) == rows(documented)
-    for key, tolerance in drifting.items():
-        ours, theirs = (_first_number(next(r for r in lines if r.startswith(key))) for lines in (table, documented))
-        allowed = tolerance if key == "test error" else tolerance * theirs
-        assert abs(ours - theirs) <= allowed, f"{key}: {ours} against the documented {theirs}"
 
 
 DIGITS_DRIFT = 2.0  # percentage points of test error (7 of the 359 test digits) between CPUs
-
-
-def _first_number(row):
-    return float(re.search(r"(\d[\d,]*\.?\d*)", row.split("  ", 1)[1]).group(1).replace(",", ""))
 
 
 def _capture_figures(monkeypatch):
