@@ -441,3 +441,66 @@ def test_a_device_that_cannot_compute_is_refused():
         select_variables(x, y, device="meta")
     with pytest.raises(ValueError, match="the device of X is 'meta', which holds no values"):
         select_variables(torch.empty(N, P, device="meta"), y)
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_a_gaussian_y_of_two_values_warns_and_names_the_bernoulli_family(examples):
+    """Any y of exactly two distinct values (scikit-learn's type_of_target: "binary"), of any dtype, numpy or tensor,
+    is a UserWarning with the Gaussian family; three values or more are not; the Bernoulli family never warns."""
+    x, _ = _data()
+
+    @_profile(examples, 0.3)
+    @given(
+        values=st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=2, max_size=4, unique=True),
+        order=st.permutations(range(N)),
+        as_tensor=st.booleans(),
+    )
+    def prop(values, order, as_tensor):
+        target = np.asarray(values)[np.arange(N) % len(values)][list(order)]  # each value at least 7 times
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                _run(x, torch.as_tensor(target) if as_tensor else target, num_draws=100)
+            except ValueError:  # values too close for the standardisation: the warning came first
+                pass
+        binary = [w for w in caught if w.category is UserWarning and "family='bernoulli'" in str(w.message)]
+        assert len(binary) == (len(values) == 2)
+
+    prop()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        _run(x, (x[:, 0] > 0).astype(np.float64), family="bernoulli", num_draws=100, max_steps=30)
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_selector_random_state_is_the_seed_or_names_itself(examples):
+    """VariableSelector's random_state: every int in [0, 2**64) (numpy's too) is select_variables' seed; every other
+    value is an error naming random_state, before any fit."""
+    pytest.importorskip("sklearn")
+    from l0bayes.selection import VariableSelector
+
+    x, y = _data()
+
+    @_profile(examples, 0.5)
+    @given(
+        state=st.one_of(
+            st.integers(-(2**70), 2**70),
+            st.floats(allow_nan=True),
+            st.text(max_size=3),
+            st.booleans(),
+            st.just(np.uint64(2**64 - 1)),
+        )
+    )
+    def prop(state):
+        selector = VariableSelector(random_state=state, method="variational", num_draws=100)
+        whole = isinstance(state, (int, np.integer)) and not isinstance(state, bool)
+        if whole and 0 <= int(state) < 2**64:
+            fitted = selector.fit(x, y)
+            direct = _run(x, y, num_draws=100, seed=int(state))
+            np.testing.assert_array_equal(fitted.inclusion_probabilities_, direct.inclusion_probabilities)
+            return
+        error = ValueError if whole else TypeError
+        with pytest.raises(error, match=r"random_state must be None, an int in \[0, 2\*\*64\)"):
+            selector.fit(x, y)
+
+    prop()

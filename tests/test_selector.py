@@ -65,9 +65,9 @@ def test_threshold_is_read_at_selection_time_and_checked():
     x, y = _data()
     selector = _quiet(VariableSelector(**FAST).fit, x, y)
     pip = selector.inclusion_probabilities_
-    for threshold in (0.0, 0.05, 0.5, 0.99):
+    for threshold in (0.0, 0.05, 0.5, 0.99, *pip):  # a feature at the threshold is selected, as by SelectFromModel
         selector.set_params(threshold=threshold)  # no new fit needed
-        np.testing.assert_array_equal(selector.get_support(), pip > threshold)
+        np.testing.assert_array_equal(selector.get_support(), pip >= threshold)
     for bad in (1.5, -0.1, "0.5", None, True, float("nan")):
         selector.set_params(threshold=bad)  # scikit-learn's rule: set_params does not check
         with pytest.raises(ValueError, match="threshold must be a number in"):
@@ -181,7 +181,8 @@ def test_bernoulli_takes_any_two_labels():
     with pytest.raises(ValueError, match="exactly two classes, got 3"):
         VariableSelector(family="bernoulli", **FAST).fit(x, np.arange(80) % 3)
     # refitted as gaussian, no classes_ are left from the bernoulli fit
-    _quiet(selector.set_params(family="gaussian").fit, x, y01)
+    with pytest.warns(UserWarning, match="two values only"):  # 0/1 labels as real numbers: a warning says so
+        _quiet(selector.set_params(family="gaussian").fit, x, y01)
     assert not hasattr(selector, "classes_")
 
 
@@ -194,3 +195,106 @@ def test_scikit_learn_estimator_checks():
     failed = [(r["check_name"], repr(r["exception"])) for r in results if r["status"] == "failed"]
     assert failed == []
     assert sum(r["status"] == "passed" for r in results) > 40
+
+
+def test_a_capped_probability_passes_the_threshold_0_9():
+    """A probability no check vouches for is capped at exactly 0.9 ("0.9 or more"): threshold 0.9 keeps it, a
+    higher one keeps the checked probabilities only (it was dropped by a strict "> threshold")."""
+    x, y = _data()
+    selector = _quiet(VariableSelector(**FAST).fit, x, y)
+    selector.inclusion_probabilities_ = np.array([0.9, 0.2, 0.95, 0.9, 0.5, 0.89])  # 0 and 3 as if capped
+    assert selector.set_params(threshold=0.9).selected().tolist() == [0, 2, 3]
+    assert selector.set_params(threshold=0.91).selected().tolist() == [2]
+    selector.result_.inclusion_probabilities = selector.inclusion_probabilities_  # the result's own rule is the same
+    assert selector.result_.selected(0.9).tolist() == [0, 2, 3] and selector.result_.selected(0.5).tolist()[0] == 0
+    with pytest.warns(UserWarning, match="No features were selected"):  # scikit-learn's empty selection
+        assert selector.set_params(threshold=1.0).transform(x).shape == (60, 0)
+
+
+def test_the_guides_grid_on_breast_cancer_fits_every_split():
+    """The guide's GridSearchCV grid (thresholds 0.1, 0.5, 0.9) on breast cancer: where the check fails, the
+    probabilities above 0.9 are capped at 0.9, and threshold 0.9 used to select nothing (4 of 5 splits failed,
+    FitFailedWarning, NaN score). The 0/1 labels with the default Gaussian family are a warning of their own."""
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.exceptions import FitFailedWarning
+    from sklearn.pipeline import make_pipeline
+
+    X, y = load_breast_cancer(return_X_y=True)
+    pipe = make_pipeline(VariableSelector(method="variational", num_draws=300), LinearRegression())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        search = GridSearchCV(pipe, {"variableselector__threshold": [0.1, 0.5, 0.9]}, cv=5).fit(X, y)
+    failed = [str(w.message) for w in caught if issubclass(w.category, FitFailedWarning)]
+    assert failed == [] and np.isfinite(search.cv_results_["mean_test_score"]).all()
+    assert not any("No features were selected" in str(w.message) for w in caught)
+    assert any("family='bernoulli'" in str(w.message) for w in caught if w.category is UserWarning)
+
+
+@pytest.mark.slow  # about 12 s
+def test_the_guides_grid_on_breast_cancer_with_the_bernoulli_family():
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.exceptions import FitFailedWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = load_breast_cancer(return_X_y=True)
+    selector = VariableSelector(family="bernoulli", method="variational", num_draws=300, options={"max_steps": 100})
+    pipe = make_pipeline(selector, StandardScaler(), LogisticRegression())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        search = GridSearchCV(pipe, {"variableselector__threshold": [0.1, 0.5, 0.9]}, cv=5).fit(X, y)
+    assert not any(issubclass(w.category, FitFailedWarning) for w in caught)
+    assert np.isfinite(search.cv_results_["mean_test_score"]).all()
+
+
+def test_two_valued_y_with_the_gaussian_family_warns():
+    """scikit-learn's type_of_target calls a y of two values "binary": the Gaussian family warns and names the
+    Bernoulli family; real y, or the Bernoulli family, do not warn."""
+    from sklearn.utils.multiclass import type_of_target
+
+    x, y = _data()
+    labels = (y > 0).astype(float)
+    assert type_of_target(labels) == "binary" and type_of_target(y) == "continuous"
+    with pytest.warns(UserWarning, match=r"y takes two values only \(0 and 1\).*family='bernoulli'"):
+        _quiet(VariableSelector(**FAST).fit, x, labels)
+    with pytest.warns(UserWarning, match=r"two values only \(-1 and 3\)") as caught:
+        _quiet(l0bayes.select_variables, x, np.where(labels == 1, 3, -1), **FAST)
+    assert caught[0].filename == __file__  # it points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        _quiet(VariableSelector(**FAST).fit, x, y)
+        _quiet(VariableSelector(family="bernoulli", options={"max_steps": 60}, **FAST).fit, x, labels)
+
+
+def test_random_state_as_scikit_learn_takes_it():
+    """An int is select_variables' seed; None draws it from numpy's global state, a RandomState or a Generator from
+    itself (each fit a new seed); anything else is an error naming random_state."""
+    x, y = _data()
+
+    assert "random_state" in VariableSelector().get_params() and "seed" not in VariableSelector().get_params()
+    assert VariableSelector().random_state == 0
+    fits = {}
+    for name, state in [("int", 7), ("numpy int", np.int64(7))]:
+        fits[name] = _quiet(VariableSelector(random_state=state, **FAST).fit, x, y).result_.draws
+    direct = _quiet(l0bayes.select_variables, x, y, seed=7, **FAST).draws
+    np.testing.assert_array_equal(fits["int"], direct)
+    np.testing.assert_array_equal(fits["numpy int"], direct)
+    seed = int(np.random.RandomState(3).randint(2**63 - 1, dtype=np.int64))
+    by_state = _quiet(VariableSelector(random_state=np.random.RandomState(3), **FAST).fit, x, y).result_.draws
+    np.testing.assert_array_equal(by_state, _quiet(l0bayes.select_variables, x, y, seed=seed, **FAST).draws)
+    seed = int(np.random.default_rng(3).integers(2**63))
+    by_generator = _quiet(VariableSelector(random_state=np.random.default_rng(3), **FAST).fit, x, y).result_.draws
+    np.testing.assert_array_equal(by_generator, _quiet(l0bayes.select_variables, x, y, seed=seed, **FAST).draws)
+    np.random.seed(5)
+    seed = int(np.random.randint(2**63 - 1, dtype=np.int64))
+    np.random.seed(5)
+    by_global = _quiet(VariableSelector(random_state=None, **FAST).fit, x, y).result_.draws
+    np.testing.assert_array_equal(by_global, _quiet(l0bayes.select_variables, x, y, seed=seed, **FAST).draws)
+    generator = np.random.default_rng(0)  # one object: each fit draws a new seed
+    selector = VariableSelector(random_state=generator, **FAST)
+    first, second = (_quiet(selector.fit, x, y).result_.draws.copy() for _ in range(2))
+    assert not np.array_equal(first, second)
+    for bad, error in [(-1, ValueError), (2**64, ValueError), (1.5, TypeError), ("3", TypeError), (True, TypeError)]:
+        with pytest.raises(error, match=r"random_state must be None, an int in \[0, 2\*\*64\)"):
+            VariableSelector(random_state=bad, **FAST).fit(x, y)

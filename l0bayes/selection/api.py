@@ -101,7 +101,8 @@ def select_variables(
 
     :param X: ``(n, p)`` numpy array or tensor of any real dtype (no NaN, no constant column; ``n >= 3``;
         ``p > n`` is fine).
-    :param y: ``(n,)``: real for ``family="gaussian"``, 0/1 for ``family="bernoulli"`` (both labels present).
+    :param y: ``(n,)``: real for ``family="gaussian"`` (a ``y`` of two values, class labels, is a ``UserWarning``
+        that points to ``family="bernoulli"``), 0/1 for ``family="bernoulli"`` (both labels present).
     :param prior_inclusion: :math:`\pi_0`, the prior probability that a feature is included;
         ``None``: estimated (the fit's expected number of effects over :math:`p`, at most 0.5; for
         bernoulli that of a sum of single effects fitted to the centred labels).
@@ -175,6 +176,20 @@ def select_variables(
         return _select(X, y, family, hyper, feature_names, run, options)
 
 
+def _warn_binary(y):
+    """A ``UserWarning`` where ``y`` takes exactly two values (scikit-learn's ``type_of_target``: ``"binary"``), which
+    the Gaussian family treats as real numbers."""
+    values = torch.unique(y)
+    if values.numel() == 2:
+        low, high = (f"{float(v):g}" for v in values)
+        warnings.warn(
+            f"y takes two values only ({low} and {high}): a binary target, which family='gaussian' models as real "
+            "numbers with Gaussian noise; for two classes use family='bernoulli' (the logistic model)",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 def _select(X, y, family, hyper, feature_names, run, options):
     """:func:`select_variables` after its argument checks, under its thread policy.
 
@@ -188,6 +203,8 @@ def _select(X, y, family, hyper, feature_names, run, options):
     if x.dim() == 2:
         check_draws_fit(num_draws, x.shape[1])
     yt = as_float64(y, "y", device)
+    if family == "gaussian" and yt.dim() == 1:
+        _warn_binary(yt)
     xs, yc, (x_scale, x_exponent), k, y_sd = standardise(x, yt, family)
     xs, yc = xs.to(dtype), yc.to(dtype)
     noise_given = hyper[2] is not None

@@ -131,8 +131,9 @@ class SelectionResult:
         return line
 
     def selected(self, threshold=0.5):
-        """Indices of the features whose inclusion probability exceeds ``threshold`` (median probability model)."""
-        return np.flatnonzero(self.inclusion_probabilities > threshold)
+        """Indices of the features whose inclusion probability is at least ``threshold`` (0.5: the median
+        probability model; 0.9 keeps a capped probability, see :attr:`capped`)."""
+        return np.flatnonzero(self.inclusion_probabilities >= threshold)
 
     def summary(self):
         """A pandas table: probability, coefficient and credible set of every feature, most probable first."""

@@ -17,6 +17,7 @@ from .api import select_variables
 try:
     from sklearn.base import BaseEstimator
     from sklearn.feature_selection import SelectorMixin
+    from sklearn.utils import check_random_state
     from sklearn.utils.validation import check_is_fitted
 except ImportError:  # pragma: no cover - depends on the environment
     _SKLEARN = False
@@ -43,11 +44,12 @@ def _validate_data(estimator, *args, **kwargs):
 
 
 class VariableSelector(SelectorMixin, BaseEstimator):
-    r"""Keep the features whose posterior inclusion probability exceeds ``threshold``.
+    r"""Keep the features whose posterior inclusion probability is at least ``threshold``.
 
     ``fit(X, y)`` runs :func:`~l0bayes.selection.select_variables` with this estimator's
     parameters, which are that function's own arguments (same names, same defaults, same meaning),
-    plus ``threshold``. The default threshold 0.5 keeps the median-probability model.
+    except ``seed``, which is scikit-learn's ``random_state``, plus ``threshold``. The default threshold 0.5
+    keeps the median-probability model.
 
     :param str family: ``"gaussian"`` (real ``y``) or ``"bernoulli"`` (two classes: any two labels;
         the larger one, in sorted order, is the class ``1`` of the model).
@@ -57,14 +59,21 @@ class VariableSelector(SelectorMixin, BaseEstimator):
     :param str method: ``"auto"``, ``"mcmc"`` or ``"variational"``.
     :param time_budget: at most this many seconds for the sampler (``None``: 15).
     :param int num_draws: importance-sampling draws per round.
-    :param int seed: the seed of every random draw of the fit: the same data give the same selection.
+    :param random_state: the seed of every random draw of the fit, as scikit-learn takes it: an int in
+        ``[0, 2**64)`` is ``select_variables``' ``seed`` (default 0: the same data give the same selection);
+        ``None`` draws the seed from numpy's global random state, a ``numpy.random.RandomState`` or
+        ``numpy.random.Generator`` from itself (a new seed at each fit).
     :param device: where to compute (``None``: the device of a tensor ``X``, else the CPU).
     :param dtype: a torch floating dtype (``None``: ``torch.float64``).
     :param threads: torch's thread count during the fit, as in ``select_variables``.
     :param options: ``None`` or a dict of ``select_variables``' advanced options (``num_effects``,
         ``mcmc_steps``, ...).
-    :param float threshold: a feature is selected when its inclusion probability is above this, in
-        :math:`[0, 1]`. It is read when the selection is asked for, so changing it needs no new fit.
+    :param float threshold: a feature is selected when its inclusion probability is at least this (as
+        ``SelectFromModel``'s threshold), in :math:`[0, 1]`. It is read when the selection is asked for, so
+        changing it needs no new fit. A probability that no check vouches for is capped at 0.9
+        (``result_.capped``): it stands for "0.9 or more", so ``threshold=0.9`` keeps it and a threshold above
+        0.9 keeps checked probabilities only. A threshold that no feature reaches selects none: ``transform``
+        then returns zero columns, with scikit-learn's warning.
 
     :ivar inclusion_probabilities_: ``(p,)`` numpy, :math:`P(\gamma_j = 1 \mid y)`.
     :ivar diagnostic_: the result's one line on whether to trust them (``SelectionResult.diagnostic``).
@@ -88,7 +97,7 @@ class VariableSelector(SelectorMixin, BaseEstimator):
         method="auto",
         time_budget=None,
         num_draws=2000,
-        seed=0,
+        random_state=0,
         device=None,
         dtype=None,
         threads="auto",
@@ -105,7 +114,7 @@ class VariableSelector(SelectorMixin, BaseEstimator):
         self.method = method
         self.time_budget = time_budget
         self.num_draws = num_draws
-        self.seed = seed
+        self.random_state = random_state
         self.device = device
         self.dtype = dtype
         self.threads = threads
@@ -152,7 +161,7 @@ class VariableSelector(SelectorMixin, BaseEstimator):
             feature_names=None if names is None else list(names),
             device=self.device,
             num_draws=self.num_draws,
-            seed=self.seed,
+            seed=self._seed(),
             method=self.method,
             time_budget=self.time_budget,
             threads=self.threads,
@@ -169,7 +178,7 @@ class VariableSelector(SelectorMixin, BaseEstimator):
 
     def _get_support_mask(self):
         check_is_fitted(self, "inclusion_probabilities_")
-        return self.inclusion_probabilities_ > self._check_threshold()
+        return self.inclusion_probabilities_ >= self._check_threshold()
 
     def transform(self, X):
         """``X`` reduced to the selected columns (a tensor stays a tensor, on its device)."""
@@ -192,11 +201,25 @@ class VariableSelector(SelectorMixin, BaseEstimator):
         return support if names is None else np.asarray(names, dtype=object)[support]
 
     # ------------------------------------------------------------------ inputs
+    def _seed(self):
+        """The fit's seed from ``random_state`` (scikit-learn's ``check_random_state``, and a ``Generator``)."""
+        state = self.random_state
+        if isinstance(state, np.random.Generator):
+            return int(state.integers(2**63))
+        if state is None or isinstance(state, np.random.RandomState):
+            return int(check_random_state(state).randint(2**63 - 1, dtype=np.int64))
+        what = f"random_state must be None, an int in [0, 2**64), a numpy RandomState or Generator, got {state!r}"
+        if isinstance(state, numbers.Integral) and not isinstance(state, bool):
+            if 0 <= state < 2**64:
+                return int(state)
+            raise ValueError(what)
+        raise TypeError(what)
+
     def _check_threshold(self):
         t = self.threshold
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0.0 <= t <= 1.0:
             raise ValueError(
-                f"threshold must be a number in [0, 1] (the inclusion probability a selected feature exceeds), "
+                f"threshold must be a number in [0, 1] (the inclusion probability a selected feature reaches), "
                 f"got {t!r}"
             )
         return float(t)
