@@ -86,16 +86,6 @@ def test_layer_types_outside_the_allow_list_are_refused(tmp_path):
 
     with pytest.raises(TypeError, match="'1'.*Custom"):
         describe_pruned(nn.Sequential(nn.Linear(2, 3), Custom()))
-    with pytest.raises(TypeError, match="'1'.*grouped convolution"):
-        save_pruned(nn.Sequential(nn.ReLU(), nn.Conv2d(4, 4, 3, groups=2)), tmp_path / "x.pt")
-
-    class Own(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(4, 4, 3, groups=2)
-
-    with pytest.raises(TypeError, match="'conv'.*grouped convolution"):
-        save_pruned(Own(), tmp_path / "x.pt")
     assert not (tmp_path / "x.pt").exists()
     assert "os.system" not in LAYER_TYPES
     good = nn.Sequential(nn.Linear(2, 3))
@@ -118,7 +108,7 @@ def test_every_allowed_layer_round_trips(tmp_path):
     from l0bayes.pruning import SelectFeatures
 
     net = nn.Sequential(
-        nn.Conv2d(2, 4, 3, stride=1, padding=1, dilation=1, bias=False),
+        nn.Conv2d(2, 4, 3, stride=1, padding=1, dilation=1, groups=2, bias=False),
         nn.BatchNorm2d(4, eps=1e-3, momentum=None),
         nn.LeakyReLU(0.2),
         nn.MaxPool2d(2, ceil_mode=True),
@@ -147,6 +137,7 @@ def test_every_allowed_layer_round_trips(tmp_path):
     ).eval()
     one_d = nn.Sequential(
         nn.Conv1d(2, 4, 3, padding=1, bias=False),
+        nn.Conv1d(4, 4, 3, padding=1, groups=4, padding_mode="circular"),  # depthwise
         nn.BatchNorm1d(4),
         nn.MaxPool1d(2),
         nn.Dropout1d(0.2),
@@ -232,18 +223,44 @@ def test_a_pruned_model_of_its_own_class_needs_the_right_fresh_model(tmp_path):
 
 
 def test_a_file_of_the_first_version_still_loads(tmp_path):
-    """Files written before SelectFeatures recorded its dim (always 1 in an nn.Sequential) load as before."""
+    """Files written before SelectFeatures recorded its dim (always 1 in an nn.Sequential) and convolutions their
+    groups (always 1: grouped ones were refused) load as before."""
     from l0bayes.pruning import SelectFeatures
 
-    net = nn.Sequential(SelectFeatures(torch.tensor([0, 2]), 3), nn.Linear(2, 1)).eval()
+    net = nn.Sequential(
+        nn.Conv1d(2, 3, 1), nn.Flatten(), SelectFeatures(torch.tensor([0, 2]), 3), nn.Linear(2, 1)
+    ).eval()
     layers = describe_pruned(net)
-    del layers[0]["args"]["dim"]
+    del layers[0]["args"]["groups"]
+    del layers[2]["args"]["dim"]
     path = tmp_path / "v1.pt"
     save_checkpoint(path, {"format": "l0bayes.pruned", "version": 1, "layers": layers, "state_dict": net.state_dict()})
     loaded, _ = load_pruned(path)
-    x = torch.randn(4, 3)
+    assert repr(loaded) == repr(net)
+    x = torch.randn(4, 2, 1)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), net(x), atol=0, rtol=0)
+
+
+def test_a_grouped_convolution_round_trips_and_its_groups_are_checked(tmp_path):
+    """A grouped convolution (a pruned one, or a depthwise one) was refused by save_pruned; its groups must divide
+    its channels and fit its weight."""
+    net = nn.Sequential(nn.Conv2d(4, 6, 3, groups=2), nn.ReLU(), nn.Conv2d(6, 6, 1, groups=6)).eval()
+    save_pruned(net, tmp_path / "grouped.pt")
+    loaded, _ = load_pruned(tmp_path / "grouped.pt")
+    assert [m.groups for m in loaded[::2]] == [2, 6]
+    x = torch.randn(2, 4, 5, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), net(x), atol=0, rtol=0)
+    layers = describe_pruned(net)
+    for groups, message in ((4, "groups = 4 must divide in_channels = 4 and out_channels = 6"), (1, "weight")):
+        layers[0]["args"]["groups"] = groups
+        save_checkpoint(
+            tmp_path / "bad.pt",
+            {"format": "l0bayes.pruned", "version": 1, "layers": layers, "state_dict": net.state_dict()},
+        )
+        with pytest.raises(ValueError, match=rf"bad.pt.*layer '0'.*{message}"):
+            load_pruned(tmp_path / "bad.pt")
 
 
 def test_a_crafted_description_of_a_model_of_its_own_class_is_refused(tmp_path):

@@ -15,7 +15,9 @@ from .transformer.projections import is_conv1d
 
 __all__ = ["LAYER_TYPES", "PRUNED_ATTRIBUTES", "TRANSFORMER_TYPES", "describe_modules", "describe_pruned"]
 
-_CONV_ARGS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "bias", "padding_mode")
+_CONV_ARGS = (
+    "in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias", "padding_mode",
+)  # fmt: skip
 _BATCH_NORM_ARGS = ("num_features", "eps", "momentum", "affine", "track_running_stats")
 _MAX_POOL_ARGS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 _AVG_POOL_ARGS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
@@ -129,11 +131,8 @@ def describe_pruned(module):
 
 
 def _layer_type(name, layer):
-    """The :data:`LAYER_TYPES` name of ``layer`` (its exact class), or ``None``; a grouped convolution is refused."""
-    kind = _BY_CLASS.get(type(layer))
-    if kind is not None and kind.startswith("Conv") and layer.groups != 1:
-        raise TypeError(f"layer {name!r} is a grouped convolution (groups={layer.groups}), which cannot be exported")
-    return kind
+    """The :data:`LAYER_TYPES` name of ``layer`` (its exact class), or ``None``."""
+    return _BY_CLASS.get(type(layer))
 
 
 def describe_modules(module):

@@ -122,8 +122,8 @@ def save_pruned(module, path, metadata=None):
         ``None``) stored beside the network, e.g. the input shape and the scalers of the data.
     :raises TypeError: when ``module`` is not an ``nn.Module``; naming the key, for an entry of ``metadata``
         of another type (a function, a NumPy value: convert it with ``float()``, ``.tolist()`` or
-        ``torch.as_tensor``); naming the layer, for a grouped convolution or (in an ``nn.Sequential``) a
-        layer outside :data:`LAYER_TYPES`.
+        ``torch.as_tensor``); naming the layer, for (in an ``nn.Sequential``) a layer outside
+        :data:`LAYER_TYPES`.
     :raises ValueError: naming the layer, for one that :func:`load_pruned` would refuse (a name it does not
         allow, an argument outside its range).
     """

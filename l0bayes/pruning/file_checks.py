@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 # Arguments that files of earlier versions lack, with the value they meant.
-_OPTIONAL_ARGS = {"SelectFeatures": {"dim": 1}}
+_OPTIONAL_ARGS = {"SelectFeatures": {"dim": 1}} | {f"Conv{n}d": {"groups": 1} for n in (1, 2, 3)}
 
 #: The largest value of an integer argument that no tensor of the file sizes (a stride, a dilation, a pooling
 #: window, the width that ``SelectFeatures`` selects from): what torch's kernels take as a 32-bit int.
@@ -146,8 +146,13 @@ def _conv_kwargs(where, kind, args, tensors):
                 raise ValueError(
                     f"{where}: padding {list(padding)} must be at most dilation * (kernel_size - 1) = {d * (k - 1)}"
                 )
+    groups = _int(where, "groups", args["groups"], 1)
+    if in_channels % groups or out_channels % groups:
+        raise ValueError(
+            f"{where}: groups = {groups} must divide in_channels = {in_channels} and out_channels = {out_channels}"
+        )
     bias = _bool(where, "bias", args["bias"])
-    expected = {"weight": (out_channels, in_channels, *kernel)} | ({"bias": (out_channels,)} if bias else {})
+    expected = {"weight": (out_channels, in_channels // groups, *kernel)} | ({"bias": (out_channels,)} if bias else {})
     _match_tensors(where, tensors, expected)
     padding_mode = _choice(where, "padding_mode", args["padding_mode"], _PADDING_MODES)
     return {
@@ -157,6 +162,7 @@ def _conv_kwargs(where, kind, args, tensors):
         "stride": stride,
         "padding": padding,
         "dilation": dilation,
+        "groups": groups,
         "bias": bias,
         "padding_mode": padding_mode,
     }
