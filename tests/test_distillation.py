@@ -3,6 +3,7 @@ trained further: the loss against independent computations (scipy, Hugging Face'
 teacher frozen, the hooks' life cycle, and a tiny Llama gated, trained, pruned and trained on."""
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from torch import nn
 from l0bayes.inference import train
 from l0bayes.models import Distillation, DistillationOutput, PlainModel, SparseModel
 from l0bayes.models.distillation import kl_divergence
+from l0bayes.models.tempered_kl import tempered_kl_divergence
 from l0bayes.nn import gates_of
 from l0bayes.pruning import fix_architecture, prune, sparsify_transformer
 
@@ -144,6 +146,86 @@ def test_kl_is_exact_where_the_teacher_gives_zero_probability():
     # far apart logits: no overflow, no probabilities formed before the logarithm
     big = torch.tensor([[800.0, -800.0]], dtype=torch.float32)
     assert float(kl_divergence(big, big.flip(-1))) == pytest.approx(1600.0, rel=1e-6)
+
+
+def _precise_scaled_kl(student, teacher, temperature):
+    """T^2 KL(softmax(t/T) || softmax(s/T)) of every row in mpmath, with the digits the cancellation of order T^2
+    takes and 50 more (the rounding of a float64 computation would be multiplied by T^2); a class both rule out
+    (-inf) is left out."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(50 + 2 * max(0, math.ceil(math.log10(temperature)))):
+        out, scale = [], mpmath.mpf(temperature)
+        for s_row, t_row in zip(student.tolist(), teacher.tolist(), strict=True):
+            pairs = [(mpmath.mpf(s) / scale, mpmath.mpf(t) / scale) for s, t in zip(s_row, t_row, strict=True)]
+            pairs = [(s, t) for s, t in pairs if not (mpmath.isinf(s) and mpmath.isinf(t))]
+            log_zs = mpmath.log(mpmath.fsum(mpmath.exp(s) for s, _ in pairs))
+            log_zt = mpmath.log(mpmath.fsum(mpmath.exp(t) for _, t in pairs))
+            counted = [(s, t) for s, t in pairs if t > -mpmath.inf]  # p_t = 0 adds nothing
+            kl = mpmath.fsum(mpmath.exp(t - log_zt) * ((t - log_zt) - (s - log_zs)) for s, t in counted)
+            out.append(float(kl * scale**2))
+    return np.array(out)
+
+
+def _precise_loss(student, teacher, labels, temperature, alpha):
+    """The loss of a causal student (labels shifted, -100 ignored) from :func:`_precise_scaled_kl`."""
+    s, t, y = student[:, :-1], teacher[:, :-1], labels[:, 1:]
+    keep = y != -100
+    s, t, y = s[keep].double(), t[keep].double(), y[keep]
+    ce = -np_log_softmax(s.numpy(), axis=-1)[np.arange(len(y)), y.numpy()]
+    return (alpha * _precise_scaled_kl(s, t, temperature).sum() + (1 - alpha) * ce.sum()) / max(len(y), 1)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("temperature", [8.0, 50.0, 1e4, 1e30, 1e300])
+@pytest.mark.parametrize("padded", [False, True], ids=["in place", "copied"])
+def test_a_high_temperature_gives_the_exact_finite_loss(dtype, tol, temperature, padded):
+    """T^2 KL at any temperature to the dtype's precision (Distillation(temperature=1e30) was NaN: a KL of about 0
+    times T^2 = inf), on both paths: every token counted, and the counted tokens copied out (a padded position)."""
+    g = torch.Generator().manual_seed(4)
+    student = (3 * torch.randn(2, 5, 6, generator=g, dtype=torch.float64)).to(dtype)
+    teacher = (3 * torch.randn(2, 5, 6, generator=g, dtype=torch.float64)).to(dtype)
+    labels = torch.randint(0, 6, (2, 5), generator=g)
+    if padded:
+        labels[1, 3] = -100
+    fast = student.clone().requires_grad_(True)
+    loss = Distillation(nn.Linear(1, 1), temperature=temperature, alpha=0.7)(output_of(fast, teacher), labels)
+    expected = _precise_loss(student, teacher, labels, temperature, 0.7)
+    assert loss.dtype == dtype and abs(float(loss.detach()) - expected) <= tol * max(1.0, abs(expected))
+    loss.backward()
+    assert torch.isfinite(fast.grad).all()
+
+
+def test_an_infinite_temperature_is_logit_matching_with_its_gradient():
+    """As T grows, T^2 KL tends to (1/2C) sum_i (d_i - mean d)^2 of the logit differences d = t - s (Hinton et al.);
+    at T = 1e30 they agree to rounding, and so do their gradients."""
+    g = torch.Generator().manual_seed(5)
+    student = torch.randn(7, 9, generator=g, dtype=torch.float64, requires_grad=True)
+    teacher = torch.randn(7, 9, generator=g, dtype=torch.float64)
+    loss = Distillation(nn.Linear(1, 1), temperature=1e30, alpha=1.0, causal=False)(
+        output_of(student, teacher), torch.zeros(7, dtype=torch.long)
+    )
+    (grad,) = torch.autograd.grad(loss, student)
+    reference_student = student.detach().clone().requires_grad_(True)
+    d = teacher - reference_student
+    matching = (d - d.mean(-1, keepdim=True)).square().mean(-1).div(2).mean()
+    (expected_grad,) = torch.autograd.grad(matching, reference_student)
+    assert float(loss) == pytest.approx(float(matching), rel=1e-12)
+    assert torch.allclose(grad, expected_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("temperature", [20.0, 1e30])
+def test_a_high_temperature_with_classes_ruled_out_is_exact(temperature):
+    """A class both rule out adds nothing at any temperature; one only the teacher rules out keeps T^2 KL growing
+    as T^2 (its exact value, infinite once that is beyond the dtype); one only the student rules out is infinite."""
+    inf = float("-inf")
+    student = torch.tensor([[0.3, inf, 2.0, 0.0], [1.0, -0.5, 0.0, 0.5], [0.2, inf, 0.1, 0.0]], dtype=torch.float64)
+    teacher = torch.tensor([[1.0, inf, 0.5, -2.0], [0.0, inf, 1.0, 0.0], [0.0, 0.3, 0.1, 0.0]], dtype=torch.float64)
+    rows = tempered_kl_divergence(student.requires_grad_(True), teacher, temperature)
+    expected = _precise_scaled_kl(student.detach(), teacher, temperature)
+    assert rows.detach().tolist()[:2] == pytest.approx(expected[:2].tolist(), rel=1e-12)
+    assert float(rows[2].detach()) == float("inf")
+    rows[:2].sum().backward()
+    assert torch.isfinite(student.grad).all()
 
 
 def test_no_counted_token_gives_zero_with_finite_gradients():

@@ -37,7 +37,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .tempered_kl import tempered_kl_divergence
+
 __all__ = ["Distillation", "DistillationHandle", "DistillationOutput"]
+
+#: From this temperature on, the KL term is :func:`~l0bayes.models.tempered_kl.tempered_kl_divergence` (computed
+#: from the logit differences, finite at any temperature) rather than the difference of two log-probabilities times
+#: :math:`T^2`, whose rounding grows as :math:`T^2`.
+TEMPERED_FROM = 8.0
 
 
 class DistillationOutput(NamedTuple):
@@ -81,7 +88,10 @@ class Distillation:
     :param teacher: the frozen model, e.g. a copy of the dense model taken before
         :func:`~l0bayes.pruning.sparsify_transformer`; it is put in ``eval()`` mode, runs under ``torch.no_grad()``,
         is never updated and follows the inputs to their device. It must share no parameter with the student.
-    :param temperature: :math:`T > 0` of the softened distributions of the KL term.
+    :param temperature: :math:`T > 0` of the softened distributions of the KL term (any finite value: from
+        :data:`TEMPERED_FROM` on the term is computed from the logit differences, so that it stays finite and tends to
+        logit matching, :math:`\frac{1}{2C}\sum_i (d_i - \bar d)^2` of the differences :math:`d = t - s` over
+        :math:`C` classes, as :math:`T` grows).
     :param alpha: :math:`\alpha \in [0, 1]`, the weight of the KL term; ``1 - alpha`` weighs the cross-entropy with
         the target (``alpha=1``: the target only says which tokens count).
     :param hidden_layers: names of modules (e.g. ``["model.layers.7", "model.layers.15"]``) whose outputs (their
@@ -237,11 +247,15 @@ class Distillation:
     def _token_losses(self, student, teacher, labels):
         r"""Each row's ``alpha T^2 KL + (1 - alpha) CE`` from one ``log_softmax`` of the student shared by both terms
         (at ``T = 1``): :math:`\mathrm{KL} = \sum p_t \log p_t - \sum p_t \log p_s`, the first sum without
-        gradients. For finite student logits (a student logit of ``-inf`` takes :meth:`_exact_token_losses`)."""
+        gradients. For finite student logits (a student logit of ``-inf`` takes :meth:`_exact_token_losses`). From
+        :data:`TEMPERED_FROM` on, the KL term is :func:`~l0bayes.models.tempered_kl.tempered_kl_divergence`."""
         t = self.temperature
-        log_p_s = F.log_softmax(student if t == 1 else student / t, dim=-1)
+        tempered = t >= TEMPERED_FROM
+        log_p_s = None if tempered else F.log_softmax(student if t == 1 else student / t, dim=-1)
         loss = 0.0
-        if self.alpha > 0:
+        if self.alpha > 0 and tempered:
+            loss = self.alpha * tempered_kl_divergence(student, teacher, t)
+        elif self.alpha > 0:
             with torch.no_grad():
                 log_p_t = F.log_softmax(teacher if t == 1 else teacher / t, dim=-1)
                 p_t = log_p_t.exp()
@@ -256,7 +270,9 @@ class Distillation:
     def _exact_token_losses(self, student, teacher, labels):
         """Each row's ``alpha T^2 KL + (1 - alpha) CE`` from :func:`kl_divergence` and ``cross_entropy``."""
         loss = student.new_zeros(student.shape[:-1])
-        if self.alpha > 0:
+        if self.alpha > 0 and self.temperature >= TEMPERED_FROM:
+            loss = loss + self.alpha * tempered_kl_divergence(student, teacher, self.temperature)
+        elif self.alpha > 0:
             kl = kl_divergence(student / self.temperature, teacher / self.temperature)
             loss = loss + self.alpha * self.temperature**2 * kl
         if self.alpha < 1:
