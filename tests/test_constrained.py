@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 from l0bayes import pruning
 from l0bayes.inference import ConstrainedObjective, constrained_summary, train
 from l0bayes.inference.callbacks import Callback
+from l0bayes.inference.objectives.final_phase import HARDLY_MOVING, epochs_advice, epochs_needed
 from l0bayes.io import load_checkpoint, save_checkpoint
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP, density
@@ -158,6 +160,25 @@ def test_final_phase_keeps_top_gates_that_fit_in_the_pruned_model():
     assert all(
         v <= t + 1e-12 for v, t in zip(pruning.test_time_density(per.model, per_layer=True).values(), [0.5, 0.5, 0.7])
     )
+
+
+@pytest.mark.parametrize(
+    "trajectory, epochs, advice",
+    [
+        ([(0, [0.9]), (2, [0.88])], 10, "train about 46 more epochs (at its recent pace), or raise multiplier_lr"),
+        ([(0, [0.9]), (2, [0.88])], 4, "more than 10 times this run's 4 epochs): raise multiplier_lr"),
+        ([(0, [0.788]), (2, [0.7879])], 3, "the Lagrangian has hardly moved over the last epochs"),  # was 38781
+        ([(0, [0.7]), (2, [0.8])], 3, "train more epochs, or raise multiplier_lr"),  # moving away: no pace
+    ],
+)
+def test_the_advice_of_a_late_final_phase_is_a_sensible_number_of_epochs(trajectory, epochs, advice):
+    """A pace of almost nothing gave "train about 19379 more epochs" after a 3-epoch run: beyond ten times the run's
+    epochs the warning says the Lagrangian hardly moved and that the step sizes are what to change."""
+    more = epochs_needed(trajectory, [0.4], 0.02)
+    text = epochs_advice(more, epochs)
+    assert advice in text
+    numbers = [int(n) for n in re.findall(r"about (\d+) more epochs", text)]
+    assert all(n <= HARDLY_MOVING * epochs for n in numbers)
 
 
 def test_summary_keys_and_warnings():

@@ -24,6 +24,7 @@ from .final_phase import (
     RANKS,
     TRAJECTORY,
     WAIT,
+    epochs_advice,
     epochs_needed,
     fit_groups,
     group_scores,
@@ -297,15 +298,13 @@ class ConstrainedObjective(Objective):
         """One line: the Lagrangian has not reached the target when the gates are fixed, and what to change."""
         far = max(zip(self.density_at_fix, self.target_values, strict=True), key=lambda g: g[0] - g[1])
         d, t = far
-        more = epochs_needed(self.trajectory, self.target_values, ARRIVAL)
-        hint = f"about {more} more epochs" if more is not None else "more epochs"
+        advice = epochs_advice(epochs_needed(self.trajectory, self.target_values, ARRIVAL), epochs)
         if self.updates + 1 < self.target_warmup:
-            hint += f" (the target warm-up had {self.target_warmup - self.updates - 1} of its steps to go)"
+            advice += f" (the target warm-up had {self.target_warmup - self.updates - 1} of its steps to go)"
         warn(
             f"constrained: the gates are fixed at epoch {epoch + 1} of {epochs} before the Lagrangian arrived: "
             f"expected {measure_name(self.what)} {d:.3f} against the target {t:.3f}, so the final phase cuts the "
-            f"difference at once, which costs accuracy: train {hint} (at its recent pace), or raise "
-            "multiplier_lr or the gates' learning rate",
+            f"difference at once, which costs accuracy: {advice}",
             UserWarning,
         )
 

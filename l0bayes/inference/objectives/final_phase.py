@@ -18,7 +18,9 @@ __all__ = [
     "RANK",
     "RANKS",
     "TRAJECTORY",
+    "HARDLY_MOVING",
     "WAIT",
+    "epochs_advice",
     "epochs_needed",
     "fit_groups",
     "group_norms",
@@ -43,6 +45,29 @@ RANK = "log_alpha"
 RANKS = ("log_alpha", "norm")
 #: Epochs of expected fractions kept for the pace of the Lagrangian.
 TRAJECTORY = 5
+
+
+#: An estimate of the epochs the Lagrangian still needs beyond this many times the run's epochs is not advice to
+#: train longer: the Lagrangian has hardly moved (:func:`epochs_advice`).
+HARDLY_MOVING = 10
+
+
+def epochs_advice(more, epochs):
+    """What the warning of a final phase begun before the Lagrangian arrived advises, from :func:`epochs_needed`'s
+    estimate ``more`` (``None``: no pace to go by) for a run of ``epochs`` epochs.
+
+    An estimate beyond :data:`HARDLY_MOVING` times the run's epochs (a pace of almost nothing over the last epochs
+    gives tens of thousands) is not given as a number of epochs: the step sizes are what to change.
+    """
+    faster = "raise multiplier_lr or the gates' learning rate"
+    if more is None:
+        return f"train more epochs, or {faster}"
+    if more > HARDLY_MOVING * max(int(epochs), 1):
+        return (
+            f"the Lagrangian has hardly moved over the last epochs (at that pace it needs more than {HARDLY_MOVING} "
+            f"times this run's {epochs} epochs): {faster}"
+        )
+    return f"train about {more} more epochs (at its recent pace), or {faster}"
 
 
 def epochs_needed(trajectory, targets, arrival):
