@@ -272,3 +272,176 @@ def test_the_warning_counts_what_it_does_not_list():
     net = nn.Sequential(*[nn.Embedding(3, 2) for _ in range(10)], nn.Linear(2, 2))
     with pytest.warns(UserWarning, match=r"'7' \(Embedding\) and 2 more \(pass layers="):
         sparsify(net)
+
+
+# ------------------------------------------------------------------------------------------------ edge cases
+def _within(seconds, fn, *args):
+    """``fn(*args)`` run in a thread that must end within ``seconds`` (the suite itself never hangs on it)."""
+    import threading
+
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn(*args)
+        except Exception as err:  # noqa: BLE001 - handed to the caller
+            result["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{getattr(fn, '__name__', fn)} did not return within {seconds} s"
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _closing(gated, closed):
+    """Gates set: ``closed[name]`` the closed units of layer ``name`` (Eq. 13 gate 0), every other unit open."""
+    with torch.no_grad():
+        for name, gate in gates_of(gated):
+            gate.log_alpha.fill_(30.0)
+            gate.log_alpha[list(closed.get(name.removesuffix(".gate"), []))] = -30.0
+    return gated.eval()
+
+
+_CONV_ND = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("mode", ["zeros", "circular", "reflect", "replicate"])
+def test_every_padding_mode_keeps_closed_channels_zero_and_is_pruned(dims, mode):
+    """Circular padding made prune() loop for ever in a Conv1d or Conv3d network (torch-pruning read the copies of
+    slices along the length as copies of channels, round a loop); reflect and replicate padding (and circular in
+    2-d) left every closed channel in place. Each pads a channel with its own values: a zero channel stays zero."""
+    conv = _CONV_ND[dims]
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        conv(3, 8, 3, padding=2, padding_mode=mode), nn.ReLU(), conv(8, 4, 3, padding=1, padding_mode=mode)
+    )
+    x = torch.randn(2, 3, *[6] * dims, dtype=torch.float64)
+    gated = _closing(sparsify(net.double(), example_inputs=x), {"0": [1, 4, 6], "2": [0]})
+    pruned = _within(60, prune, gated)
+    taps = 3**dims
+    assert [pruned[0].out_channels, pruned[2].in_channels, pruned[2].out_channels] == [5, 5, 4]
+    assert pruned[0].padding_mode == pruned[2].padding_mode == mode
+    assert count_parameters(pruned) == 5 * 3 * taps + 5 + 4 * 5 * taps + 4  # by hand: 136 in 1-d, against 180
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(x), gated(x), atol=1e-12, rtol=1e-12)
+
+
+class _PadsInForward(nn.Module):
+    """Circular padding of a Conv1d's output in the model's own forward: an in-place copy into slices of the length."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv1d(3, 8, 3)
+        self.b = nn.Conv1d(8, 4, 3)
+
+    def forward(self, x):
+        return self.b(F.pad(torch.relu(self.a(x)), (2, 0), mode="circular"))
+
+
+def test_a_graph_that_loops_is_refused_naming_the_layer():
+    """torch-pruning follows such a graph for ever; prune() and the expected FLOPs now stop with a ValueError."""
+    x = torch.randn(2, 3, 10)
+    gated = _closing(sparsify(_PadsInForward(), example_inputs=x), {"a": [1, 4]})
+    with pytest.raises(
+        ValueError, match=r"the gates of 'a' cannot be found .* goes round a loop .*\(sparsify's exclude=\)"
+    ):
+        _within(60, prune, gated)
+    with pytest.raises(ValueError, match=r"the gates of 'a' cannot be found"):
+        _within(60, expected_flops, gated, (3, 10))
+
+
+@pytest.mark.parametrize("reader", ["conv", "transposed"])
+def test_a_grouped_convolution_loses_as_many_closed_inputs_in_every_group(tmp_path, reader):
+    """The closed channels a grouped convolution read stayed, and save_pruned refused the model. Now every group
+    loses as many as the group with the fewest closed has (the others stay, zero), whichever their positions."""
+    grouped = nn.Conv1d(8, 4, 3, groups=2) if reader == "conv" else nn.ConvTranspose1d(8, 4, 3, groups=2)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv1d(3, 8, 3, padding=1), nn.ReLU(), grouped).double()
+    x = torch.randn(3, 3, 10, dtype=torch.float64)
+    gated = _closing(sparsify(net, ["0"], example_inputs=x), {"0": [1, 4, 5]})  # group 0: {1}, group 1: {4, 5}
+    pruned = prune(gated)
+    assert pruned[0].out_channels == pruned[2].in_channels == 6 and pruned[2].groups == 2
+    kept = [0, 2, 3, 5, 6, 7]  # 1 and 4 removed; 5 stays (zero)
+    reference = net[2].weight.detach()
+    if reader == "conv":  # weight (out, in / groups, k): group 0 keeps inputs 0, 2, 3; group 1 inputs 5, 6, 7
+        expected = torch.cat([reference[:2, [0, 2, 3]], reference[2:, [1, 2, 3]]])
+    else:  # weight (in, out / groups, k): the rows of the kept inputs
+        expected = reference[kept]
+    assert torch.equal(pruned[2].weight, expected)
+    producer = net[0].weight.detach()[kept]
+    producer[3] = 0.0  # channel 5: closed and kept, its gate folded into its weights
+    assert torch.equal(pruned[0].weight, producer)
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(x), gated(x), atol=1e-12, rtol=1e-12)
+    gated = _closing(sparsify(net, ["0"], example_inputs=x), {"0": [4, 5]})  # group 0 has none closed
+    assert prune(gated)[2].in_channels == 8
+    if reader == "conv":
+        save_pruned(pruned, tmp_path / "grouped.pt")
+        loaded, _ = load_pruned(tmp_path / "grouped.pt")
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), pruned(x), atol=0, rtol=0)
+
+
+def test_a_grouped_convolution_loses_as_many_of_its_own_closed_outputs_in_every_group():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv1d(8, 6, 3, groups=2), nn.ReLU(), nn.Conv1d(6, 2, 1)).double()
+    x = torch.randn(3, 8, 10, dtype=torch.float64)
+    gated = _closing(sparsify(net, ["0"], example_inputs=x), {"0": [0, 1, 4]})  # group 0: {0, 1}, group 1: {4}
+    pruned = prune(gated)
+    assert pruned[0].out_channels == pruned[2].in_channels == 4 and pruned[0].groups == 2
+    kept = net[0].weight.detach()[[1, 2, 3, 5]]  # 0 and 4 removed; 1 closed and kept, its weights zero
+    kept[0] = 0.0
+    assert torch.equal(pruned[0].weight, kept)
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(x), gated(x), atol=1e-12, rtol=1e-12)
+
+
+def test_a_depthwise_convolution_keeps_the_channels_it_reads_and_saves(tmp_path):
+    """A closed channel that a depthwise convolution reads becomes its bias there, not zero: it stays. The pruned
+    model saves and loads (save_pruned refused every grouped convolution)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv1d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv1d(8, 8, 3, groups=8), nn.ReLU(), nn.Conv1d(8, 2, 1)
+    )
+    x = torch.randn(3, 3, 10)
+    gated = _closing(sparsify(net, example_inputs=x), {"0": [1, 5], "2": [3]})
+    pruned = prune(gated)
+    assert [pruned[0].out_channels, pruned[2].groups, pruned[4].in_channels] == [8, 8, 8]
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(x), gated(x), atol=1e-6, rtol=1e-6)
+    save_pruned(pruned, tmp_path / "depthwise.pt")
+    loaded, _ = load_pruned(tmp_path / "depthwise.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), pruned(x), atol=0, rtol=0)
+
+
+def test_example_inputs_that_the_model_does_not_take_are_named():
+    """Wrong channels reached torch as a raw RuntimeError from inside the model's forward."""
+    net = nn.Sequential(nn.Conv1d(3, 8, 3), nn.ReLU(), nn.Conv1d(8, 4, 3))
+    with pytest.raises(
+        ValueError,
+        match=r"^sparsify: example_inputs do not fit the model: a tensor of shape \(2, 5, 10\) "
+        r"fails in '0' \(Conv1d\) with: .*expected input\[2, 5, 10\] to have 3 channels",
+    ) as info:
+        sparsify(net, example_inputs=torch.randn(2, 5, 10))
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(
+        ValueError,
+        match=r"example_inputs do not fit the model: a tuple \(a tensor of shape \(2, 3, 10\), "
+        r"a tensor of shape \(2,\)\) fails with: .*positional arguments",
+    ):
+        sparsify(net, example_inputs=(torch.randn(2, 3, 10), torch.randn(2)))
+    with pytest.raises(ValueError, match=r"example_inputs do not fit the model: .* in '0' \(Linear\)"):
+        sparsify(nn.Sequential(nn.Linear(3, 2)), example_inputs=torch.randn(2, 4))  # no convolution: checked too
+    with pytest.raises(
+        TypeError, match=r"^sparsify: example_inputs must be a tensor or a non-empty tuple of tensors .* a list"
+    ):
+        sparsify(net, example_inputs=[torch.randn(2, 3, 10)])
+    for bad in (torch.tensor(1.0), torch.randn(0, 3, 10), ()):
+        with pytest.raises((TypeError, ValueError), match=r"^sparsify: example_inputs must"):
+            sparsify(net, example_inputs=bad)
+    assert net[0].weight.shape == (8, 3, 3) and not gates_of(net)  # the model passed in is unchanged

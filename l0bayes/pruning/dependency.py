@@ -17,14 +17,27 @@ A gated unit is removed only where that leaves the function unchanged:
   addition's other operand is not zero there); its weights are zero;
 * a closed input neuron of a linear layer is removed together with the producing units that feed
   nothing else; where the producer is used elsewhere (or is the network input), the column is
-  dropped by a :class:`~l0bayes.pruning.SelectFeatures` in front of the smaller linear layer.
+  dropped by a :class:`~l0bayes.pruning.SelectFeatures` in front of the smaller linear layer;
+* a grouped convolution (``groups > 1``, other than a depthwise one) must keep as many input (and output)
+  channels in each of its groups: of the closed channels it reads (or its own closed output channels), as
+  many are removed from every group as the group with the fewest has, at most all but one; the others stay,
+  with zero weights. A depthwise convolution (``groups == out_channels``) ties each output channel to its
+  input channel, so a closed channel it reads is kept (the convolution's bias makes that output channel
+  nonzero).
+
+Padding keeps a closed channel zero in every ``padding_mode`` of a convolution (``"zeros"``, ``"reflect"``,
+``"replicate"``, ``"circular"``: each pads a channel with values of that channel only), so the graph is traced
+with zero padding, which couples the same channels.
 
 Every removal is checked: the model before and after must agree on random inputs in float64
 (to :math:`10^{-9}` relative), or the removal is undone.
 """
 
+import contextlib
 import copy
+import functools
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -59,8 +72,18 @@ _ZERO_PRESERVING = {
     "Unsqueeze",
     "T",  # the transpose of a linear layer's weight, reading the zero channel after a flatten
     "NativeDropout",
+    "ReflectionPad1D",  # reflect / replicate padding of a zero channel is zero (F.pad in a model's forward)
+    "ReflectionPad2D",
+    "ReflectionPad3D",
+    "ReplicationPad1D",
+    "ReplicationPad2D",
+    "ReplicationPad3D",
 }
 _SUMS = {"Add", "Sub"}
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+#: How many times finding the units coupled to one unit may pass one dependency of the graph: far more than any
+#: network needs (a dependency is passed again only with other indices), and reached only by a graph that loops.
+_MAX_PASSES = 200
 
 
 def _tp():
@@ -138,16 +161,113 @@ def _allowed(graph, group, unit, names):
     return True
 
 
+@contextlib.contextmanager
+def _zero_padded(model):
+    """The convolutions of ``model`` with another ``padding_mode`` traced as zero-padded ones, then restored.
+
+    Reflect, replicate and circular padding pad each channel with its own values (a zero channel stays zero),
+    so they couple the same channels as zero padding. Traced as they are, they add copies of slices along the
+    length to the graph: torch-pruning takes the slices of a 3-d tensor's last dimension for slices of features
+    (as in a ``(batch, tokens, features)`` tensor), and the indices of a circular padding's copies go round a loop.
+    """
+    padded = [(m, m.padding_mode) for m in model.modules() if isinstance(m, _CONVS) and m.padding_mode != "zeros"]
+    for m, _ in padded:
+        m.padding_mode = "zeros"
+    try:
+        yield
+    finally:
+        for m, mode in padded:
+            m.padding_mode = mode
+
+
+class _LoopingGraph(ValueError):
+    """The units coupled to a unit are not found: the traced graph passes a dependency without end."""
+
+
+def _count_passes(graph):
+    """Make every dependency of ``graph`` count its passes in ``graph.l0_passes`` (a :class:`~collections.Counter`)
+    and raise :class:`_LoopingGraph` beyond :data:`_MAX_PASSES`: torch-pruning finds a group by following the
+    dependencies until their indices repeat, which never happens on a loop that moves them."""
+
+    def check(dep, triggered_by, fn):
+        graph.l0_passes[id(dep)] += 1
+        if graph.l0_passes[id(dep)] > _MAX_PASSES:
+            raise _LoopingGraph(f"{dep.source.name} -> {dep.target.name}")
+        return triggered_by(fn)
+
+    graph.l0_passes = Counter()
+    for node in graph.module2node.values():
+        for dep in node.dependencies:
+            dep.is_triggered_by = functools.partial(check, dep, dep.is_triggered_by)
+    return graph
+
+
 def _graph(model, example_inputs):
     tp = _tp()
-    with torch.enable_grad():  # the graph is traced through autograd
-        return tp.DependencyGraph().build_dependency(model, example_inputs=list(example_inputs))
+    with torch.enable_grad(), _zero_padded(model):  # the graph is traced through autograd
+        return _count_passes(tp.DependencyGraph().build_dependency(model, example_inputs=list(example_inputs)))
 
 
 def _group(graph, module, unit, idxs):
     pruner = graph.get_pruner_of_module(module)
     fn = pruner.prune_in_channels if unit.kind == "in" else pruner.prune_out_channels
-    return graph.get_pruning_group(module, fn, idxs)
+    graph.l0_passes.clear()
+    try:
+        return graph.get_pruning_group(module, fn, idxs)
+    except _LoopingGraph as err:
+        raise _LoopingGraph(
+            f"the units coupled to the gates of {unit.name!r} cannot be found (to prune or count them): the "
+            "dependency graph that torch-pruning traced of the model goes round a loop that moves the channels' "
+            f"indices ({err}; an in-place copy into slices of a tensor along a dimension other than its channels, in "
+            f"the model's forward, makes one); leave {unit.name!r} ungated (sparsify's exclude=) or write that step "
+            "otherwise"
+        ) from None
+
+
+def _grouped(module):
+    """Whether ``module`` is a grouped convolution that torch-pruning does not treat as a depthwise one."""
+    return (
+        isinstance(module, (*_CONVS, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d))
+        and module.groups > 1
+        and not (module.groups == module.out_channels and module.out_channels > 1)
+    )
+
+
+def _consistent(graph, group, idxs):
+    """The root indices of ``idxs`` whose removal leaves each grouped convolution of ``group`` with as many
+    channels in every one of its groups (see the module docstring): the first ones of every group."""
+    drop = set()
+    for item in group:
+        conv = item.dep.target.module
+        if not _grouped(conv):
+            continue
+        out = graph.is_out_channel_pruning_fn(item.dep.handler)
+        per = (conv.out_channels if out else conv.in_channels) // conv.groups
+        by_group = [[] for _ in range(conv.groups)]
+        for idx, root in sorted(zip(item.idxs, item.root_idxs, strict=True)):
+            by_group[idx // per].append(root)
+        keep = min(min(len(b) for b in by_group), per - 1)
+        drop.update(root for b in by_group for root in b[keep:])
+    return [i for i in idxs if i not in drop]
+
+
+@torch.no_grad()
+def _drop_grouped_inputs(conv, idxs):
+    """Remove the input channels ``idxs`` of a grouped convolution, as many from every group (torch-pruning keeps
+    the same positions in every group)."""
+    per = conv.in_channels // conv.groups
+    removed = set(idxs)
+    kept = [[j for j in range(per) if g * per + j not in removed] for g in range(conv.groups)]
+    if conv.transposed:  # weight (in, out / groups, ...): the input channels are its rows
+        rows = [g * per + j for g in range(conv.groups) for j in kept[g]]
+        weight = conv.weight[torch.as_tensor(rows, device=conv.weight.device)]
+    else:  # weight (out, in / groups, ...): each output channel reads the kept positions of its group
+        out_per = conv.out_channels // conv.groups
+        index = torch.as_tensor([kept[o // out_per] for o in range(conv.out_channels)], device=conv.weight.device)
+        index = index.view(*index.shape, *([1] * (conv.weight.dim() - 2))).expand(-1, -1, *conv.weight.shape[2:])
+        weight = conv.weight.gather(1, index)
+    conv.weight = nn.Parameter(weight, requires_grad=conv.weight.requires_grad)
+    conv.in_channels -= len(removed)
 
 
 @torch.no_grad()
@@ -198,6 +318,8 @@ def structure(model, example_inputs):
             num = unit.layer.num_gates
         try:
             group = _group(graph, root, unit, list(range(num)))
+        except _LoopingGraph as err:
+            raise ValueError(str(err)) from None
         except (ValueError, KeyError, NotImplementedError):
             out.append((unit, None))
             continue
@@ -251,6 +373,11 @@ def _removal(plain, unit, idxs, example_inputs):
     modules = dict(work.named_modules())
     names = {id(m): n for n, m in modules.items()}
     group = _group(graph, modules[unit.root], unit, idxs)
+    while (kept := _consistent(graph, group, idxs)) != idxs:  # (shrinks every time)
+        if not kept:
+            return None, []
+        idxs = kept
+        group = _group(graph, modules[unit.root], unit, idxs)
     if not _allowed(graph, group, unit, names):
         return None, []
     shrunk = [
@@ -258,7 +385,15 @@ def _removal(plain, unit, idxs, example_inputs):
         for i in group
         if isinstance(i.dep.target.module, nn.Linear) and not graph.is_out_channel_pruning_fn(i.dep.handler)
     ]
+
+    def grouped_input(item):
+        return _grouped(item.dep.target.module) and not graph.is_out_channel_pruning_fn(item.dep.handler)
+
+    own = [(item.dep.target.module, list(item.idxs)) for item in group if grouped_input(item)]
+    group.items[:] = [item for item in group.items if not grouped_input(item)]
     group.prune()
+    for conv, conv_idxs in own:
+        _drop_grouped_inputs(conv, conv_idxs)
     return work, shrunk
 
 
@@ -280,6 +415,8 @@ def prune_graph(model, example_inputs):
             continue
         try:
             work, shrunk = _removal(plain, unit, closed, example_inputs)
+        except _LoopingGraph as err:
+            raise ValueError(str(err)) from None
         except (ValueError, KeyError, IndexError, RuntimeError, NotImplementedError):
             work, shrunk = None, []
         if work is not None and _same(work, reference, probe):

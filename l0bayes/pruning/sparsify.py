@@ -185,8 +185,51 @@ def _followers(model, convs, example_inputs):
 
     handles += [conv.register_forward_hook(after_conv) for conv in convs]
     handles += [m.register_forward_pre_hook(before_bn) for m in model.modules() if isinstance(m, _BATCH_NORMS)]
-    probe_forward(model, as_input_tuple(example_inputs), handles)
+    running = []  # the modules whose forward has begun and not ended: the last one is where an error arose
+
+    def ended(module, args, output):
+        running.pop()
+
+    for name, m in model.named_modules():
+        handles.append(m.register_forward_pre_hook(lambda module, args, name=name: running.append(name)))
+        handles.append(m.register_forward_hook(ended))
+    try:
+        probe_forward(model, example_inputs, handles)
+    except (RuntimeError, TypeError, ValueError, IndexError) as err:
+        given = _describe_inputs(example_inputs[0] if len(example_inputs) == 1 else example_inputs)
+        inner = running[-1] if running else ""
+        where = f" in {inner!r} ({type(model.get_submodule(inner)).__name__})" if inner else ""
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"sparsify: example_inputs do not fit the model: {given} fails{where} with: {first}; example_inputs "
+            "must be what the model's forward takes (a batch of its inputs)"
+        ) from err
     return links
+
+
+def _checked_inputs(example_inputs):
+    """``example_inputs`` as a tuple of tensors with a batch dimension (``TypeError`` / ``ValueError`` otherwise)."""
+    inputs = as_input_tuple(example_inputs)
+    if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise TypeError(
+            "sparsify: example_inputs must be a tensor or a non-empty tuple of tensors (the model's positional "
+            f"arguments), got {_describe_inputs(example_inputs)}"
+        )
+    if any(t.dim() == 0 or t.shape[0] == 0 for t in inputs):
+        raise ValueError(
+            "sparsify: example_inputs must have a batch dimension with at least one example, got "
+            f"{_describe_inputs(example_inputs)}"
+        )
+    return inputs
+
+
+def _describe_inputs(example_inputs):
+    """How error messages name ``example_inputs``: the shapes of tensors, else the types."""
+    if isinstance(example_inputs, torch.Tensor):
+        return f"a tensor of shape {tuple(example_inputs.shape)}"
+    if isinstance(example_inputs, tuple):
+        return "a tuple (" + ", ".join(_describe_inputs(t) for t in example_inputs) + ")"
+    return f"a {type(example_inputs).__name__}"
 
 
 def _chosen(model, layers, include, exclude):
@@ -342,7 +385,7 @@ def sparsify(
     convs = [m for _, m in picked if isinstance(m, _CONVS)]
     if convs and example_inputs is None:
         raise ValueError("gating a convolution needs example_inputs, to find the batch norm that follows it")
-    links = _followers(model, convs, example_inputs) if convs else {}
+    links = _followers(model, convs, _checked_inputs(example_inputs)) if example_inputs is not None else {}
     for _, layer in picked:
         _attach(layer, links.get(layer), gate_kwargs)
     for name, group in (groups or {}).items():
