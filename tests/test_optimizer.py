@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from l0bayes.inference import parameter_groups, train
+from l0bayes.inference import clipped, parameter_groups, train
 from l0bayes.io import load_checkpoint
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, gates_of
@@ -171,3 +171,84 @@ def test_constrained_multiplier_step_is_three_times_the_gates_lr(monkeypatch):
 def test_bad_factories_are_refused(kwargs, error, message):
     with pytest.raises(error, match=message):
         _train(_model(), 1, **kwargs)
+
+
+# -- gradient clipping -------------------------------------------------------------------------------------------
+
+
+def _hand_gradients(model, scale=100.0, seed=4):
+    """Large gradients on every parameter (a total norm far above the clipping's)."""
+    g = torch.Generator().manual_seed(seed)
+    return {name: scale * torch.randn(p.shape, generator=g) for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("gates", [False, True])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
+def test_a_clipped_step_is_clip_grad_norm_then_the_optimisers_step(gates, norm_type):
+    """The step of clipped(SGD, max_norm) equals torch.nn.utils.clip_grad_norm_ of the weights (and the gates, with
+    gates=True) followed by a plain SGD step, done by hand; the gates' gradients are left as they are by default."""
+    model, lr, max_norm = _model(), 0.1, 0.5
+    grads = _hand_gradients(model)
+    gate_names = {f"{name}.log_alpha" for name, _ in gates_of(model)}
+    assert gate_names and gate_names < set(grads)
+    # by hand: clip the chosen gradients together, then p - lr * grad
+    clipped_names = [n for n in grads if gates or n not in gate_names]
+    reference = {n: g.clone() for n, g in grads.items()}
+    total = torch.nn.utils.clip_grad_norm_([_Leaf(reference[n]) for n in clipped_names], max_norm, norm_type)
+    assert float(total) > 10 * max_norm
+    expected = {n: p.detach() - lr * reference[n] for n, p in model.named_parameters()}
+    # the clipped optimiser
+    optimizer = clipped(lambda m: torch.optim.SGD(m.parameters(), lr=lr), max_norm, norm_type=norm_type, gates=gates)(
+        model
+    )
+    for name, p in model.named_parameters():
+        p.grad = grads[name].clone()
+    optimizer.step()
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.detach(), expected[name], rtol=0, atol=1e-6), name
+    moved = [p.grad for n, p in model.named_parameters() if n in clipped_names]
+    assert float(torch.nn.utils.get_total_norm(moved, norm_type)) == pytest.approx(max_norm, rel=1e-5)
+
+
+class _Leaf:
+    """A stand-in parameter for clip_grad_norm_: it reads and scales ``.grad`` only."""
+
+    def __init__(self, grad):
+        self.grad = grad
+
+
+class _NormsSeen(torch.optim.SGD):
+    """SGD that notes the weights' gradient norm each step sees (after any clipping, which runs before step())."""
+
+    norms: list
+
+    def step(self, closure=None):
+        self.norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in self.param_groups[0]["params"]])))
+        return super().step(closure)
+
+
+def test_train_with_a_clipped_optimiser_steps_on_clipped_gradients():
+    def factory(model):
+        optimizer = _NormsSeen(parameter_groups(model), lr=0.05)
+        optimizer.norms = []
+        factory.built = optimizer
+        return optimizer
+
+    _train(_model(), 2, optimizer=factory)
+    unclipped = factory.built.norms
+    _train(_model(), 2, optimizer=clipped(factory, 0.1))
+    seen = factory.built.norms
+    assert min(unclipped) > 0.2 and len(seen) == len(unclipped) == 6
+    assert max(seen) == pytest.approx(0.1, rel=1e-5) and min(seen) == pytest.approx(0.1, rel=1e-5)
+
+
+def test_a_resume_with_other_clipping_is_refused(tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    _train(_model(), 1, optimizer=clipped(_sgd(), 1.0), checkpoint=str(ckpt))
+    state = load_checkpoint(ckpt)
+    assert state["run"]["optimizer"]["clip_grad_norm"] == {"max_norm": 1.0, "norm_type": 2.0, "gates": False}
+    with pytest.raises(ValueError, match=r"optimizer.clip_grad_norm.max_norm 1.0 -> 2.0"):
+        _train(_model(), 2, optimizer=clipped(_sgd(), 2.0), checkpoint=str(ckpt), resume=True)
+    with pytest.raises(ValueError, match=r"optimizer.clip_grad_norm .* -> None"):
+        _train(_model(), 2, optimizer=_sgd(), checkpoint=str(ckpt), resume=True)
+    _train(_model(), 2, optimizer=clipped(_sgd(), 1.0), checkpoint=str(ckpt), resume=True)

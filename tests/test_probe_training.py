@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from l0bayes.cli.arguments import _seed as parse_seed
-from l0bayes.inference import NonFiniteLossError, train
+from l0bayes.inference import NonFiniteLossError, clipped, train
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP
 
@@ -295,3 +295,57 @@ def test_a_non_finite_parameter_stops_training_in_the_first_epoch(examples):
         assert "non-finite objective" in str(info.value) or repr(name) in str(info.value)
 
     prop()
+
+
+# ---------------------------------------------------------------------------------------------------- clipping
+@pytest.mark.parametrize("examples", PROFILES)
+def test_clipping_takes_a_positive_norm_and_names_anything_else(examples):
+    """clipped(factory, max_norm, norm_type, gates): a finite max_norm > 0 (norm_type may also be inf) trains to a
+    finite loss; anything else is named (the clipping itself: test_optimizer.py, against clip_grad_norm_)."""
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.05)  # noqa: E731
+    numbers = st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True, width=64), st.integers(-3, 3), st.sampled_from([True, "1"])
+    )
+
+    @_profile(examples)
+    @given(max_norm=numbers, norm_type=st.sampled_from([2.0, 1, math.inf, 0.0, -1.0, math.nan, None]))
+    def prop(max_norm, norm_type):
+        def error_of(name, value, infinite):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return TypeError, rf"^clipped: {name} must be a number > 0, got "
+            if not (value > 0 and (math.isfinite(value) or (infinite and value == math.inf))):
+                return ValueError, rf"^clipped: {name} must be "
+            return None
+
+        expected = error_of("max_norm", max_norm, False) or error_of("norm_type", norm_type, True)
+        if expected is not None:
+            with pytest.raises(expected[0], match=expected[1]):
+                clipped(sgd, max_norm, norm_type=norm_type)
+            return
+        x, y = _data("classifier", 8)
+        result = _fit(_model("classifier"), x, y, optimizer=clipped(sgd, max_norm, norm_type=norm_type))
+        assert math.isfinite(result.history[-1]["mean_loss"])
+
+    prop()
+
+
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        (("sgd", 1.0), TypeError, r"^clipped: optimizer must be a factory model -> torch.optim.Optimizer"),
+        ((None, 1.0), TypeError, r"^clipped: optimizer must be a factory"),
+        ((lambda m: torch.optim.SGD(m.parameters(), lr=0.1), 1.0, 2.0, 1), TypeError, r"^clipped: gates must be"),
+    ],
+)
+def test_clipping_names_a_bad_optimizer_or_gates(args, error, message):
+    with pytest.raises(error, match=message):
+        clipped(*args)
+
+
+def test_clipping_twice_or_a_factory_that_returns_no_optimiser_is_named():
+    sgd = clipped(lambda m: torch.optim.SGD(m.parameters(), lr=0.1), 1.0)
+    x, y = _data("classifier", 8)
+    with pytest.raises(ValueError, match=r"^clipped: this optimiser already clips its gradients"):
+        _fit(_model("classifier"), x, y, optimizer=clipped(sgd, 2.0))
+    with pytest.raises(TypeError, match=r"^optimizer= must return a torch.optim.Optimizer, got list"):
+        _fit(_model("classifier"), x, y, optimizer=clipped(lambda m: list(m.parameters()), 1.0))

@@ -10,7 +10,7 @@ from .free_energy import FreeEnergy, free_energy
 from .graphed import GraphedStep
 from .loop import Run, fit
 from .objectives import BayesObjective, ConstrainedObjective, Objective, PenalizedObjective, constrained_summary
-from .optimizers import parameter_groups
+from .optimizers import clipped, parameter_groups
 from .training import TrainResult, train
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "ConstrainedObjective",
     "Objective",
     "PenalizedObjective",
+    "clipped",
     "constrained_summary",
     "DistributedConfig",
     "DistributedError",

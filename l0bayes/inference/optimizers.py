@@ -3,6 +3,7 @@
 ``train(optimizer=..., scheduler=...)`` takes two factories, as a PyTorch user would write them:
 
 * ``optimizer``: ``model -> torch.optim.Optimizer`` (default: fused Adam at ``lr`` over every parameter);
+  :func:`clipped` makes one that clips the weights' gradients before every step;
 * ``scheduler``: ``optimizer -> torch.optim.lr_scheduler.LRScheduler``, stepped once at the end of every
   epoch (``ReduceLROnPlateau`` is stepped with the epoch's mean training loss).
 
@@ -16,11 +17,15 @@ epochs 60, 120 and 160)::
     scheduler = lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[60, 120, 160], gamma=0.2)
 """
 
+import math
+import numbers
+
 import torch
 
 from ..nn.gates import gates_of
 
 __all__ = [
+    "clipped",
     "default_optimizer",
     "describe_optimizer",
     "describe_scheduler",
@@ -64,6 +69,79 @@ def default_optimizer(lr):
     return build
 
 
+#: The attribute of an optimiser built by :func:`clipped` holding its clipping settings (part of its description).
+CLIPPING = "l0bayes_clip_grad_norm"
+
+
+def clipped(optimizer, max_norm, norm_type=2.0, gates=False):
+    """A factory of ``optimizer``'s optimiser that clips the weights' gradients before every step.
+
+    Before each ``step()`` the gradients of the weights are scaled together so that their total norm is at most
+    ``max_norm``, as ``torch.nn.utils.clip_grad_norm_(weights, max_norm, norm_type)`` does (Pyro's ``ClippedAdam``
+    and Keras's ``clipnorm`` also put it on the optimiser), e.g. the ``max_norm=1.0`` of language-model recipes::
+
+        train(model, ids, ids, optimizer=clipped(lambda m: torch.optim.AdamW(m.parameters(), lr=3e-4), 1.0))
+
+    It runs after the backward pass, outside the compiled or graphed step, so it applies alike with
+    ``compile=True``, ``cuda_graph=True`` and data-parallel training (where every rank clips the same averaged
+    gradients).
+
+    :param optimizer: a factory ``model -> torch.optim.Optimizer``, as ``train(optimizer=...)`` takes (e.g.
+        ``default_optimizer(lr)``, the one train uses without ``optimizer=``).
+    :param max_norm: the largest total norm of the clipped gradients, a finite number ``> 0``.
+    :param norm_type: the norm's order, ``> 0`` (``float("inf")``: the largest absolute value).
+    :param bool gates: whether the gates' ``log_alpha`` gradients are clipped too (in the same total norm). By
+        default they are not: their gradients come from the code cost or the constraint as much as from the data,
+        and their steps (and the constrained objective's multiplier step, set from the gates' step size) stay
+        those of the optimiser.
+    :returns: the factory; the optimiser's description (what a resume compares) includes the clipping.
+    """
+    if not callable(optimizer):
+        raise TypeError(
+            f"clipped: optimizer must be a factory model -> torch.optim.Optimizer (e.g. default_optimizer(lr)), "
+            f"got {optimizer!r}"
+        )
+    max_norm = _positive("max_norm", max_norm)
+    norm_type = _positive("norm_type", norm_type, infinite=True)
+    if not isinstance(gates, bool):
+        raise TypeError(f"clipped: gates must be True or False, got {gates!r}")
+    settings = {"max_norm": max_norm, "norm_type": norm_type, "gates": gates}
+
+    def build(model):
+        built = optimizer(model)
+        if not isinstance(built, torch.optim.Optimizer):
+            raise TypeError(f"optimizer= must return a torch.optim.Optimizer, got {type(built).__name__}")
+        if getattr(built, CLIPPING, None) is not None:
+            raise ValueError("clipped: this optimiser already clips its gradients (clipped() applied twice)")
+        gate_ids = set() if gates else {id(g.log_alpha) for _, g in gates_of(model)}
+        params = [p for group in built.param_groups for p in group["params"] if id(p) not in gate_ids]
+        built.register_step_pre_hook(_ClipGradNorm(params, max_norm, norm_type))
+        setattr(built, CLIPPING, dict(settings))
+        return built
+
+    return build
+
+
+class _ClipGradNorm:
+    """A step pre-hook: ``clip_grad_norm_`` of the parameters (those with a gradient) before the step."""
+
+    def __init__(self, params, max_norm, norm_type):
+        self.params, self.max_norm, self.norm_type = params, max_norm, norm_type
+
+    def __call__(self, optimizer, args, kwargs):
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm, self.norm_type)
+
+
+def _positive(name, value, infinite=False):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"clipped: {name} must be a number > 0, got {value!r}")
+    value = float(value)
+    if not (value > 0 and (math.isfinite(value) or (infinite and value == math.inf))):
+        allowed = "a number > 0 (or inf)" if infinite else "a finite number > 0"
+        raise ValueError(f"clipped: {name} must be {allowed}, got {value!r}")
+    return value
+
+
 def gate_lr(optimizer, model):
     """The step size of the group holding the gates' ``log_alpha`` (the first group's if the model has no gates).
 
@@ -93,7 +171,10 @@ def describe_optimizer(optimizer):
         {**{k: _plain(v) for k, v in g.items() if k != "params"}, "num_params": len(g["params"])}
         for g in optimizer.param_groups
     ]
-    return {"type": type(optimizer).__name__, "groups": groups}
+    described = {"type": type(optimizer).__name__, "groups": groups}
+    if getattr(optimizer, CLIPPING, None) is not None:
+        described["clip_grad_norm"] = dict(getattr(optimizer, CLIPPING))
+    return described
 
 
 # Scheduler state that changes as it steps (not a setting).

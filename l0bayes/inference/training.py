@@ -186,7 +186,8 @@ def train(
     :param optimizer: ``None`` (Adam at ``lr`` over every parameter, fused where possible) or a factory
         ``model -> torch.optim.Optimizer``, called once on the model (after it is moved to ``device``);
         :func:`~l0bayes.inference.parameter_groups` gives the gates (``log_alpha``) their own group, e.g.
-        their own step size and no weight decay. ``lr`` is then not used by the optimiser; the constrained
+        their own step size and no weight decay, and :func:`~l0bayes.inference.clipped` clips the weights'
+        gradients to a total norm before every step. ``lr`` is then not used by the optimiser; the constrained
         objective's multiplier step is still ``3 *`` a step size unless ``multiplier_lr`` is given: three
         times the initial step size of the group holding the gates (as the factory built it, before any
         schedule), and it stays fixed while a schedule changes the optimiser's.
