@@ -351,9 +351,10 @@ def sparsify(
         of your own with an ``nn.Parameter``).
     :param include, exclude: regular expressions (:func:`re.search` on the module name) that further
         keep / drop layers, e.g. ``include=r"conv1$"``.
-    :param example_inputs: a tensor (or tuple of tensors) the model accepts; needed when a convolution
-        is gated, to find the batch norm its output goes into (one forward pass in ``eval()`` mode).
-        Kept on the model for :func:`~l0bayes.pruning.prune`.
+    :param example_inputs: a tensor (or tuple of tensors) the model accepts, with a batch dimension; needed when
+        a convolution is gated, to find the batch norm its output goes into (one forward pass in ``eval()`` mode,
+        which checks them: inputs the model does not take are a ``ValueError`` naming ``example_inputs``, the
+        module where the forward failed and torch's message). Kept on the model for :func:`~l0bayes.pruning.prune`.
     :param groups: ``{name: Group}``, user-named groups of units (:class:`Group`).
     :param inplace: modify ``model`` itself instead of a deep copy.
     :param gate_kwargs: ``init_drop_rate``, ``temperature``, ``lower``, ``upper``, ``init_std`` of
