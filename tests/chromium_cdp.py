@@ -133,6 +133,12 @@ class Chromium:
         self.send("Page.navigate", {"url": url}, session=self.session)
         self.wait_for("Page.loadEventFired")
 
+    def emulate(self, width, height, mobile=True):
+        """Lay pages out as a phone's screen of ``width`` x ``height`` CSS pixels (a window cannot be made
+        narrower than about 500 pixels); takes effect on the next :meth:`open`."""
+        params = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile}
+        self.send("Emulation.setDeviceMetricsOverride", params, session=self.session)
+
     def evaluate(self, expression):
         """The JSON-serialisable value of a JavaScript expression; a promise is awaited."""
         params = {"expression": expression, "awaitPromise": True, "returnByValue": True}

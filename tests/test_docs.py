@@ -231,32 +231,86 @@ LAYOUT = r"""(async () => {
   };
 })()"""
 
-# the pages with the widest formulas, and those that named code in formulas (gate_kl, fan_in)
-LAID_OUT = ("mathematics/", "distributed/", "guide/training/", "cli/", "guide/variable-selection/")
+# On a phone's screen: whether the page got wider than the screen, the formulas of which some part is out of
+# sight with no way to scroll to it (a box that scrolls and is on the screen must hold the formula, with no
+# box between them that clips without scrolling), and the equation numbers not on the screen. A formula
+# wider than the screen scrolls sideways in its own box; the theme's tables scroll as a whole.
+PHONE = r"""(async () => {
+  while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)) await new Promise((r) => setTimeout(r, 50));
+  await MathJax.startup.promise;
+  const width = document.documentElement.clientWidth;
+  const root = document.querySelector("article");
+  const off = (e) => { const box = e.getBoundingClientRect(); return box.left < -1 || box.right > width + 1; };
+  const text = (c) => (c.querySelector("mjx-assistive-mml") || c).textContent.slice(0, 60);
+  const cut = [];
+  for (const c of root.querySelectorAll("mjx-container")) {
+    if (!off(c) && c.scrollWidth <= c.clientWidth + 1) continue;
+    // up to the first box that scrolls and is on the screen; a box that clips without scrolling cuts it
+    let e = c, seen = false;
+    for (; e && e !== document.body; e = e.parentElement) {
+      const overflow = getComputedStyle(e).overflowX;
+      if (overflow === "hidden" || overflow === "clip") break;
+      if ((overflow === "auto" || overflow === "scroll") && !off(e)) { seen = true; break; }
+    }
+    if (!seen) cut.push(text(c));
+  }
+  const numbers = [...root.querySelectorAll("mjx-labels mjx-itable")];
+  return {
+    width,
+    page: document.documentElement.scrollWidth,
+    cut,
+    numbers: numbers.length,
+    numbers_off: numbers.filter(off).map((n) => n.textContent),
+    formulas: root.querySelectorAll("mjx-container").length,
+  };
+})()"""
+
+
+def _pages_with_formulas(site):
+    """The site's pages with formulas, as URL paths."""
+    pages = (p.parent.relative_to(site).as_posix() for p in site.rglob("index.html"))
+    return sorted(f"{p}/" for p in pages if 'class="arithmatex"' in (site / p / "index.html").read_text("utf-8"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("width", [1280, 1700])
+@pytest.mark.parametrize("width", [390, 1280, 1700])
 def test_formulas_fit_their_column_and_show_no_backslash(site, tmp_path, width):
-    """At common window widths no display formula is cut at the column's edge (its number out of sight).
+    """No formula of any page runs off the screen, and no formula shows TeX that was taken literally.
 
-    The window is 15 px narrower than ``width``: a browser's scroll bar takes that much of it.
+    At common window widths (1280, 1700; the window is 15 px narrower: a browser's scroll bar takes that
+    much of it) no display formula is wider than its column, where it would be cut, its number out of
+    sight. On a phone's screen, 390 px wide, the page is no wider than the screen, a formula wider than it
+    scrolls in its own box, and every equation number is on the screen.
     """
     chromium = cdp.find_chromium()
     if chromium is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
     if not (site / "javascripts" / "mathjax" / "tex-chtml.js").is_file():
         pytest.skip("the site was built without MathJax (npm is not installed)")
+    pages = _pages_with_formulas(site)
+    assert {"mathematics/", "api/distributions/", "api/selection/", "guide/training/"} <= set(pages)
+    phone = width < 500  # a window cannot be that narrow: the page is laid out as on a phone's screen
     server = _serve(site)
     base = f"http://127.0.0.1:{server.server_address[1]}/"
     try:
-        with cdp.Chromium(chromium, tmp_path / "profile", width=width - 15, height=900) as browser:
-            for page in LAID_OUT:
+        with cdp.Chromium(chromium, tmp_path / "profile", width=800 if phone else width - 15, height=900) as browser:
+            if phone:
+                browser.emulate(width, 844)
+            numbers = 0
+            for page in pages:
                 browser.open(base + page)
+                if phone:
+                    state = browser.evaluate(PHONE)
+                    assert state["width"] == width and state["formulas"] > 0, (page, state)
+                    assert state["page"] <= width, (page, "the page is wider than the screen", state["page"])
+                    assert state["cut"] == [] and state["numbers_off"] == [], (page, state)
+                    numbers += state["numbers"]
+                    continue
                 state = browser.evaluate(LAYOUT)
                 assert state["formulas"] > 0, page
                 assert state["wide"] == [], (page, width, state["wide"])
                 assert state["backslash"] == [], (page, state["backslash"])
+            assert numbers > 10 or not phone  # the mathematics page numbers its equations
     finally:
         server.shutdown()
         server.server_close()

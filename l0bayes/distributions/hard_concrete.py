@@ -20,9 +20,11 @@ class HardConcrete(ConcreteParameters):
     r"""Hard concrete gate: a stretched binary concrete rectified to ``[0, 1]`` (Eq. 10-11).
 
     .. math::
+        \begin{gathered}
         u \sim \mathcal U(0, 1),\quad
-        s = \sigma\!\left(\frac{\log u - \log(1 - u) + \log\alpha}{\beta}\right),\quad
+        s = \sigma\!\left(\frac{\log u - \log(1 - u) + \log\alpha}{\beta}\right),\\
         \bar s = s(\zeta - \gamma) + \gamma,\quad z = \min(1, \max(0, \bar s)).
+        \end{gathered}
 
     The law of ``z`` is the mixture of Eq. 26: an atom :math:`\bar Q(0)` at 0, an atom
     :math:`1 - \bar Q(1)` at 1, and the density :math:`\bar q` of

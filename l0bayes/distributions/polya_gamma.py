@@ -14,11 +14,13 @@ proposal that is a truncated exponential on :math:`(t, \infty)` and a truncated 
 on :math:`(0, t)`, :math:`t = 0.64`, accepted by the alternating series of the density,
 
 .. math::
-    f(x \mid z) = \cosh(z)\, e^{-z^2 x / 2} \sum_{n \ge 0} (-1)^n a_n(x),\qquad
+    \begin{gathered}
+    f(x \mid z) = \cosh(z)\, e^{-z^2 x / 2} \sum_{n \ge 0} (-1)^n a_n(x),\\
     a_n(x) = \begin{cases}
         \pi (n + \tfrac12) \big(\tfrac{2}{\pi x}\big)^{3/2} e^{-2 (n + 1/2)^2 / x}, & x \le t,\\
         \pi (n + \tfrac12)\, e^{-(n + 1/2)^2 \pi^2 x / 2}, & x > t,
     \end{cases}
+    \end{gathered}
 
 whose partial sums bound the density alternately from above and below. Every step is vectorised
 over the elements of ``c``; the rejection loops run only on the elements still pending (the

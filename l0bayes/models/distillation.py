@@ -73,8 +73,10 @@ class Distillation:
 
     .. math::
 
-        \alpha\, T^2\, \mathrm{KL}\big(\mathrm{softmax}(t/T) \,\|\, \mathrm{softmax}(s/T)\big)
-          + (1 - \alpha)\, \mathrm{CE}(s, y) + w \sum_l \|h_s^l - h_t^l\|^2 / d,
+        \begin{aligned}
+        & \alpha\, T^2\, \mathrm{KL}\big(\mathrm{softmax}(t/T) \,\|\, \mathrm{softmax}(s/T)\big)\\
+        & \quad + (1 - \alpha)\, \mathrm{CE}(s, y) + w \sum_l \|h_s^l - h_t^l\|^2 / d,
+        \end{aligned}
 
     with :math:`s, t` the student's and the teacher's logits, :math:`y` the labels and :math:`h^l` the outputs
     (:math:`d` features) of the modules named in ``hidden_layers``. A loss of :class:`~l0bayes.models.SparseModel`

@@ -5,8 +5,8 @@ The reference against which the variational gates of
 centred data (no intercept), known noise :math:`\sigma` and :math:`p` candidate features:
 
 .. math::
-    \gamma_j \sim \mathrm{Bernoulli}(\pi_0),\qquad
-    b_j \mid \gamma_j = 1 \sim N(0, \tau^2),\qquad
+    \gamma_j \sim \mathrm{Bernoulli}(\pi_0),\quad
+    b_j \mid \gamma_j = 1 \sim N(0, \tau^2),\quad
     y \mid \gamma, b \sim N(X_\gamma b_\gamma, \sigma^2 I_n),
 
 with :math:`\pi_0` = ``prior_inclusion``, :math:`\tau` = ``slab_scale`` (the
@@ -16,8 +16,10 @@ coefficients integrate out in closed form: :math:`y \mid \gamma \sim N(0, \sigma
 :math:`M = I + (\tau^2/\sigma^2) X_\gamma^\top X_\gamma`:
 
 .. math::
-    \log p(y \mid \gamma) = -\tfrac n2 \log(2\pi\sigma^2) - \tfrac12 \log\det M
-    - \frac{1}{2\sigma^2}\Big(y^\top y - \frac{\tau^2}{\sigma^2}\, y^\top X_\gamma M^{-1} X_\gamma^\top y\Big).
+    \begin{aligned}
+    \log p(y \mid \gamma) = {}& -\tfrac n2 \log(2\pi\sigma^2) - \tfrac12 \log\det M\\
+    & - \frac{1}{2\sigma^2}\Big(y^\top y - \frac{\tau^2}{\sigma^2}\, y^\top X_\gamma M^{-1} X_\gamma^\top y\Big).
+    \end{aligned}
 
 The posterior of :math:`\gamma` is then exact by enumerating all :math:`2^p` models, and
 :math:`P(\gamma_j = 1 \mid y) = \sum_{\gamma \ni j} p(\gamma \mid y)`.

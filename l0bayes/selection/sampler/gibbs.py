@@ -28,8 +28,10 @@ response :math:`u = X^\top W y` (or :math:`X^\top \kappa`) and, for the current 
 rest of :math:`\gamma` is, for :math:`j \notin \gamma`,
 
 .. math::
-    \log \mathrm{BF}_j = -\tfrac12 \log \tau^2 - \tfrac12 \log s_j + \frac{r_j^2}{2 s_j},\qquad
+    \begin{gathered}
+    \log \mathrm{BF}_j = -\tfrac12 \log \tau^2 - \tfrac12 \log s_j + \frac{r_j^2}{2 s_j},\\
     s_j = x_j^\top W x_j + \tau^{-2} - g_j^\top A^{-1} g_j,\quad r_j = u_j - g_j^\top \hat b,
+    \end{gathered}
 
 (:math:`g_j = X_\gamma^\top W x_j`, a Schur complement) and for :math:`j \in \gamma` the same
 with :math:`s_j = 1 / (A^{-1})_{jj}` and :math:`r_j = s_j \hat b_j`. Then
