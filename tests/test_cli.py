@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ def _assert_exact_inclusion(summary, printed):
     data = load_dataset("diabetes", seed=0)
     x, y = data.x_train.double().numpy(), data.y_train.double().numpy()
     exact = exact_inclusion_probabilities(x - x.mean(0), y - y.mean(), 0.5, 1.0, check["noise_scale"]).inclusion
-    headline = [pi for _, pi, _ in summary["features"]]
+    headline = [row["inclusion_probability"] for row in summary["features"]]
     assert headline == check["checked"] and max(abs(a - b) for a, b in zip(headline, exact, strict=True)) < 0.05
     assert "checked  q(z != 0)  status" in printed and "inclusion check (reweighted" in printed
 
@@ -375,7 +376,7 @@ def test_regression_export_predicts_like_the_coefficients(tmp_path):
     module, metadata = load_pruned(tmp_path / "pruned.pt")
     summary = json.loads((tmp_path / "summary.json").read_text())
     data = load_dataset("breast-cancer")
-    coef = torch.tensor([c for _, _, c in summary["features"]])
+    coef = torch.tensor([row["coefficient"] for row in summary["features"]])
     bias = metadata["bias"]
     with torch.no_grad():
         logits = module(data.x_test)
@@ -507,3 +508,137 @@ def test_tensorboard_flag_logs_the_run_and_resumes_it(tmp_path, capsys):
         capsys, main([*TINY, "--epochs", "1", "--out", str(tmp_path / "b"), "--tensorboard", str(logs)])
     )
     assert "another run" in lines[-1]
+
+
+# ---------------------------------------------------------------------------------------------------- the reports
+def _figures_with_bars(monkeypatch):
+    """Per figure, per axes: y label, lines as (x, y, label), bars as (height, hatch)."""
+    figures = {}
+
+    def capture(self, name, fig, dpi=110):
+        figures[name] = [
+            {
+                "ylabel": ax.get_ylabel(),
+                "lines": [(list(li.get_xdata()), list(li.get_ydata()), li.get_label()) for li in ax.get_lines()],
+                "bars": [(p.get_height(), p.get_hatch()) for p in ax.patches],
+            }
+            for ax in fig.axes
+        ]
+
+    monkeypatch.setattr("l0bayes.cli.rundir.RunDirectory.write_figure", capture)
+    return figures
+
+
+def test_a_bayes_regression_names_its_features_and_draws_the_checked_probabilities(tmp_path, capsys, monkeypatch):
+    """summary.json: one named object per feature; gates.png: the checked probabilities (the table's headline) as
+    bars, those a failed check capped hatched, the trained gates as points (it drew the gates only)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    import l0bayes.selection
+
+    names = load_dataset("diabetes").feature_names
+    estimate = np.linspace(0.1, 0.8, 10)
+    estimate[[2, 8]] = 0.95, 0.9  # 8: capped by select_variables, 2: left above 0.9 by it (its chains mixed)
+    returned = SimpleNamespace(
+        inclusion_probabilities=estimate, reliable=False, capped=np.array([8]), method="mcmc", khat=1.3,
+        mcse=np.full(10, 0.01), diagnostic="NOT mixed",
+    )  # fmt: skip
+    monkeypatch.setattr(l0bayes.selection, "select_variables", lambda *args, **kwargs: returned)
+    figures = _figures_with_bars(monkeypatch)
+    argv = ["--model", "linear", "--objective", "bayes", "--slab", "gaussian", "--epochs", "2", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    check, rows = summary["inclusion_check"], summary["features"]
+    assert [row["name"] for row in rows] == names == check["feature_names"]
+    assert set(rows[0]) == {"name", "inclusion_probability", "coefficient", "gate_inclusion_probability", "status"}
+    assert [row["inclusion_probability"] for row in rows] == check["checked"] == np.minimum(estimate, 0.9).tolist()
+    assert [row["gate_inclusion_probability"] for row in rows] == check["variational"]
+    assert [row["status"] for row in rows] == check["status"] and rows[2]["status"] == rows[8]["status"] == "capped"
+    (gates,) = figures["gates.png"]
+    assert [h for h, _ in gates["bars"]] == pytest.approx(check["checked"])
+    assert [j for j, (_, hatch) in enumerate(gates["bars"]) if hatch] == [2, 8]
+    points = next(ys for _, ys, label in gates["lines"] if "trained gate" in label)
+    assert points == pytest.approx(check["variational"]) and gates["ylabel"] == "inclusion probability"
+
+
+def test_the_logistic_regression_follows_its_validation_split(tmp_path, capsys, monkeypatch):
+    """Its history recorded no validation error (None every epoch), so training.png had no validation curve; the
+    curve now ends at the table's validation error, with the final model's test error beside it."""
+    figures = _figures_with_bars(monkeypatch)
+    assert main(["--model", "logistic", "--epochs", "3", "--no-progress", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert all(r["validation_error"] is not None for r in history)
+    assert history[-1]["validation_error"] == pytest.approx(summary["val"])
+    panel = figures["training.png"][0]
+    assert panel["ylabel"] == "validation error (%)"
+    (curve,) = [ys for _, ys, label in panel["lines"] if label.startswith("validation")]
+    assert curve == pytest.approx([100 * r["validation_error"] for r in history])
+    (test,) = [(xs, ys) for xs, ys, label in panel["lines"] if label.startswith("test, final model")]
+    assert test == ([3], [pytest.approx(100 * summary["test"])])
+    # the networks' curve has the test point too
+    assert main([*TINY, "--out", str(tmp_path / "mlp")]) == 0
+    assert any(label.startswith("test, final model") for _, _, label in figures["training.png"][0]["lines"])
+
+
+def test_keep_best_keeps_the_epoch_of_lowest_validation_metric(tmp_path, capsys, monkeypatch):
+    """--keep-best: the parameters of the epoch with the lowest validation metric (on diabetes' linear regression
+    seed 0, epoch 5 of 6), reported, exported, marked on training.png, and kept the same way by a resumed run."""
+    figures = _figures_with_bars(monkeypatch)
+    linear = ["--model", "linear", "--no-progress"]
+    out = tmp_path / "best"
+    assert main([*linear, "--epochs", "6", "--keep-best", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    history = json.loads((out / "history.json").read_text())
+    rmse = [r["validation_rmse"] for r in history]
+    kept = 1 + rmse.index(min(rmse))
+    assert kept < 6 and summary["kept_epoch"] == kept == history[-1]["best_epoch"]
+    # the model reported and exported is that epoch's: its validation RMSE, and its record's objective
+    assert summary["val"] == pytest.approx(rmse[kept - 1], rel=1e-5) and summary["kept"]["epoch"] == kept
+    assert f"{kept} of 6 (lowest validation RMSE, {rmse[kept - 1]:.4f})" in printed
+    assert f"{history[kept - 1]['expected_l0']:,.1f}" in printed.split("expected L0 (Eq. 16)")[1].splitlines()[0]
+    module, _ = load_pruned(out / "pruned.pt")
+    data = load_dataset("diabetes", seed=0)
+    with torch.no_grad():
+        exported = float(((module(data.x_val) - data.y_val) ** 2).mean().sqrt())
+    assert exported == pytest.approx(rmse[kept - 1], rel=1e-5)
+    assert f"epoch kept (--keep-best): {kept}" in [label for _, _, label in figures["training.png"][0]["lines"]]
+    # without it the last epoch is kept, and the table has no such row
+    assert main([*linear, "--epochs", "6", "--out", str(tmp_path / "last")]) == 0
+    assert "epoch kept" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "last" / "summary.json").read_text())["kept_epoch"] == 6
+    # resumed, the run keeps what the straight run keeps (the checkpoint holds the kept parameters)
+    resumed = tmp_path / "resumed"
+    assert main([*linear, "--epochs", str(kept), "--keep-best", "--out", str(resumed)]) == 0
+    assert main(["--resume", "--out", str(resumed), "--epochs", "6", "--no-progress"]) == 0
+    capsys.readouterr()
+    again = json.loads((resumed / "summary.json").read_text())
+    assert again["kept_epoch"] == kept and again["val"] == pytest.approx(summary["val"])
+
+
+def test_keep_best_takes_the_latest_of_equal_epochs():
+    """Of two epochs with the same validation error the later, sparser one is kept (EarlyStopping keeps the first)."""
+    from types import SimpleNamespace
+
+    from l0bayes.cli.best import KeepBest
+
+    model = torch.nn.Linear(1, 1)
+    run = SimpleNamespace(
+        is_main=True, epoch=0, model=model, callbacks=SimpleNamespace(evaluation=lambda run: nullcontext())
+    )
+    keep = KeepBest()
+    for epoch, error in enumerate([0.3, 0.2, 0.25, 0.2, 0.21]):
+        run.epoch = epoch
+        with torch.no_grad():
+            model.bias.fill_(epoch)
+        record = {"validation_error": error}
+        keep.on_epoch_end(run, record)
+        assert "stopped_early" not in record
+    assert keep.best_epoch == record["best_epoch"] == 4 and keep.best == 0.2
+    keep.on_fit_end(run)
+    assert float(model.bias.detach()) == 3.0  # the parameters of the fourth epoch are back

@@ -228,11 +228,18 @@ def _start(tmp_path, *argv):
         (["--model", "linear", "--hidden", "4"], "--hidden"),
         (["--objective", "constrained", "--target-density", "2"], "--target-density"),
         (["--objective", "constrained"], "--target-density"),
+        (["--objective", "constrained", "--target-density", "0.5", "--keep-best"], "--keep-best"),
+        (["--val-fraction", "0", "--keep-best"], "--keep-best"),  # no validation split to choose on
+        (["--data", "mnist-dir", "--data-dir", "IDX", "--keep-best"], "--keep-best"),  # none by default on IDX files
     ],
 )
 def test_odd_values_end_in_one_line_naming_the_option(tmp_path, capsys, argv, named):
     (tmp_path / "afile").write_text("x")
-    place = {"FILE": str(tmp_path / "afile"), "MISSING": str(tmp_path / "missing")}
+    if "IDX" in argv:
+        from idx_fixtures import write_mnist_dir
+
+        write_mnist_dir(tmp_path / "idx", n_train=20, n_test=10)
+    place = {"FILE": str(tmp_path / "afile"), "MISSING": str(tmp_path / "missing"), "IDX": str(tmp_path / "idx")}
     argv = [place.get(a, a) for a in argv]
     if argv[:2] == ["--device", "mps"] and torch.backends.mps.is_available():
         pytest.skip("this machine has an MPS device")
@@ -302,6 +309,8 @@ def _resume(run):
         ("compile", "yes"),
         ("cuda_graph", 1),
         ("per_layer", 0),
+        ("keep_best", "yes"),
+        ("keep_best", None),
         ("progress", None),
         ("threads", 0),
         ("threads", 10**6),
@@ -475,7 +484,7 @@ def test_the_bayes_table_reports_checked_probabilities(tmp_path, capsys, slab):
     printed = capsys.readouterr().out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     check = summary["inclusion_check"]
-    headline = np.array([pi for _, pi, _ in summary["features"]])
+    headline = np.array([row["inclusion_probability"] for row in summary["features"]])
     assert check["prior_inclusion"] == 0.5 and check["slab_scale"] == 1.0 and check["reliable"]
     # the noise sd of the check: least squares with every feature and the intercept (n - p - 1 degrees of freedom)
     from l0bayes.data import load_dataset
@@ -564,4 +573,4 @@ def test_the_logistic_bayes_table_is_checked_too(tmp_path, capsys):
     if not check["reliable"]:  # a failed check: none above 0.9 in the table
         expected = np.minimum(expected, 0.9)
         assert set(check["status"]) <= {"unchecked", "capped"}
-    np.testing.assert_allclose([pi for _, pi, _ in summary["features"]], expected)
+    np.testing.assert_allclose([row["inclusion_probability"] for row in summary["features"]], expected)

@@ -391,6 +391,14 @@ def build_parser():
         help="evaluate, report and keep the bias-corrected moving average of the parameters with decay BETA "
         "(the paper's code uses 0.999; default: the last iterate)",
     )
+    g.add_argument(
+        "--keep-best",
+        action="store_true",
+        default=None,
+        help="keep the parameters of the epoch with the lowest validation error (RMSE for linear) instead of the "
+        "last epoch's; the latest of equal epochs, the sparsest (needs a validation split; not with --objective "
+        "constrained, whose earlier epochs miss the target)",
+    )
     g = fit.add_argument_group("run")
     g.add_argument(
         "--device", type=_device, default=None, help="auto (default: CUDA if available), cpu, cuda, cuda:1, ..."

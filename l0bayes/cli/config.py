@@ -33,6 +33,7 @@ DEFAULTS = {
     "seed": 0,
     "log_alpha_range": None,
     "ema": None,
+    "keep_best": False,
     "val_fraction": None,
     "device": "auto",
     "compile": False,
@@ -88,6 +89,11 @@ def _check(cfg):
             raise CLIError(f"--{given[0].replace('_', '-')} must lie in (0, 1]")
         if cfg.get("target_flops") is not None and cfg["model"] not in ("mlp", "lenet5"):
             raise CLIError("--target-flops applies to the networks (--model mlp or lenet5)")
+        if cfg.get("keep_best"):
+            raise CLIError(
+                "--keep-best chooses the epoch on its validation metric alone; the constrained objective's earlier "
+                "epochs have not met the target: keep its last epoch (leave out --keep-best)"
+            )
     elif cfg["target_density"] is not None or cfg.get("target_flops") is not None or cfg["per_layer"]:
         raise CLIError("--target-density, --target-flops and --per-layer only apply to --objective constrained")
     if model in ("linear", "logistic"):
@@ -110,6 +116,8 @@ def _check(cfg):
             raise CLIError(f"--slab only applies to --model linear or logistic, not {model}")
         if cfg["hidden"] is not None and model != "mlp":
             raise CLIError(f"--hidden only applies to --model mlp, not {model}")
+    if cfg.get("keep_best") and cfg["val_fraction"] == 0:
+        raise CLIError("--keep-best chooses the epoch on the validation split: --val-fraction 0 leaves none")
     if cfg["weight_decay"] < 0:
         raise CLIError(f"--weight-decay must be non-negative, got {cfg['weight_decay']}")
     if cfg["data_dir"] and not os.path.isdir(cfg["data_dir"]):
@@ -166,6 +174,7 @@ SETTINGS = {
     "seed": (a.check_seed, INTEGER, False),
     "log_alpha_range": (a.check_log_alpha_range, LIST, True),
     "ema": (a.check_fraction, NUMBER, True),
+    "keep_best": (_boolean, BOOLEAN, False),
     "val_fraction": (a.check_fraction, NUMBER, True),
     "device": (lambda value: a.check_device(value, available=False), TEXT, False),
     "compile": (_boolean, BOOLEAN, False),

@@ -32,6 +32,8 @@ def _fit(cfg, resume, overwrite, threads):
         run.check(resume=resume, overwrite=overwrite)  # before the data loads; again under the lock
     device = run_device(cfg)
     data = _load_data(cfg)
+    if cfg.get("keep_best") and data.x_val is None:
+        raise CLIError(f"--keep-best chooses the epoch on the validation split, and {cfg['data']} has none here")
     model = build_model(cfg, data)
     targets = train_targets(cfg, data)
     if resume:
@@ -146,16 +148,22 @@ def _train(cfg, run, model, data, targets, resume, main_process):
 
 
 def _callbacks(cfg, main_process):
-    """``--tensorboard DIR``: the TensorBoard callback (its package checked before any training)."""
+    """``--keep-best``: :class:`~l0bayes.cli.best.KeepBest`; ``--tensorboard DIR``: the TensorBoard callback (its
+    package checked before any training)."""
+    callbacks = []
+    if cfg.get("keep_best"):
+        from .best import KeepBest
+
+        callbacks.append(KeepBest())
     if not cfg.get("tensorboard") or not main_process:
-        return []
+        return callbacks
     try:
         import tensorboard  # noqa: F401 - torch.utils.tensorboard needs it
     except ImportError:
         raise CLIError("--tensorboard needs the tensorboard package: pip install tensorboard", code=1) from None
     from ..inference.callbacks import TensorBoard
 
-    return [TensorBoard(cfg["tensorboard"])]
+    return [*callbacks, TensorBoard(cfg["tensorboard"])]
 
 
 def _report_interrupt(run, resume):
@@ -187,6 +195,9 @@ def _finish(cfg, run, data, result, wall):
     module, metadata = summary.pop("pruned")
     summary["history"] = history
     summary["last"] = history[-1] if history else None
+    summary["kept_epoch"] = _kept_epoch(cfg, history)
+    if cfg.get("keep_best"):  # the record of the epoch whose parameters the run kept
+        summary["kept"] = next((r for r in history if r["epoch"] == summary["kept_epoch"]), None)
     extra_rows, extra_summary, warnings = objective_details(
         cfg, result.model, result.multipliers, history[-1] if history else None, data.input_shape
     )
@@ -205,8 +216,10 @@ def _finish(cfg, run, data, result, wall):
         run,
         title,
         feature_names=metadata.get("feature_names") if regression else None,
-        final_metric=(summary["metric"], summary["test"]) if regression else None,
+        final_metric=(summary["metric"], summary["test"]),
         dense_flops=summary.get("flops_dense"),
+        kept_epoch=summary["kept_epoch"] if cfg.get("keep_best") else None,
+        inclusion_check=summary.get("inclusion_check"),
     )
     run.write_json("summary.json", summary_record(summary, wall, dev, extra_summary))
     print(table, flush=True)
@@ -214,3 +227,12 @@ def _finish(cfg, run, data, result, wall):
         print(f"warning: {line}", flush=True)
     if plots is None:
         print("plots skipped: matplotlib is not installed (pip install matplotlib)", flush=True)
+
+
+def _kept_epoch(cfg, history):
+    """The epoch whose parameters the run kept: the best by validation with ``--keep-best``, else the last."""
+    if not history:
+        return None
+    if cfg.get("keep_best") and history[-1].get("best_epoch") is not None:
+        return int(history[-1]["best_epoch"])
+    return int(history[-1]["epoch"])

@@ -81,7 +81,8 @@ class _NotRun:
 def check_inclusion(cfg, model, data, y_train, feature_names):
     """The checked inclusion probabilities of the trained regression ``model`` (see the module docstring).
 
-    :returns: a dict for ``summary.json``: ``checked`` and ``variational`` probabilities, ``status`` per feature,
+    :returns: a dict for ``summary.json``: ``feature_names``, and in their order the ``checked`` and ``variational``
+        probabilities and the ``status`` of each feature,
         ``method``, ``reliable``, ``khat`` (``None`` when not finite), ``diagnostic`` (one line), the check's
         prior (``prior_inclusion``, ``slab_scale`` and ``noise_scale`` in the command's standardised units),
         ``max_gap`` and the feature with it, ``mcse`` (sampler only), ``seconds``.
@@ -101,6 +102,7 @@ def check_inclusion(cfg, model, data, y_train, feature_names):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # an unreliable result says so in the table instead
+            warnings.filterwarnings("ignore", "y takes two values only", UserWarning)  # a split of 2 rows: refused
             result = select_variables(
                 x,
                 y,
@@ -129,6 +131,7 @@ def check_inclusion(cfg, model, data, y_train, feature_names):
     worst = int(np.argmax(gap))
     khat = float(result.khat)
     return {
+        "feature_names": [str(n) for n in feature_names],
         "checked": checked.tolist(),
         "variational": variational.tolist(),
         "status": status,

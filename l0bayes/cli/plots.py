@@ -1,10 +1,12 @@
 """The plots of a run: ``training.png`` (per epoch) and ``gates.png`` (q(z != 0) of every gate).
 
-``training.png`` has the validation metric (the test metric without a validation split) and the expected
-FLOPs (with the dense network's FLOPs as a reference line), and for a constrained run a third panel: the
-expected and the test-time density against the target. ``gates.png`` marks q(z != 0) = 0.5, the
-median-probability model's threshold. Layers are named as in
-``--lam`` (``fc1``, not the model's attribute path ``net.fc1``).
+``training.png`` has the validation curve (the test metric per epoch without a validation split), with the
+final model's test metric as a point at the epoch it kept (with ``--keep-best`` a dotted line marks that epoch),
+and the expected FLOPs (with the dense network's FLOPs as a reference line), and for a constrained run a third
+panel: the expected and the test-time density against the target. ``gates.png`` marks q(z != 0) = 0.5, the
+median-probability model's threshold; for a Bayes regression its bars are the checked inclusion probabilities
+(the table's headline), hatched where a failed check capped them at 0.9, with the trained gates' q(z != 0) as
+points. Layers are named as in ``--lam`` (``fc1``, not the model's attribute path ``net.fc1``).
 
 matplotlib (Agg backend) is imported here only; without it :func:`write_plots` returns ``None`` and the
 command says that the plots were skipped.
@@ -79,15 +81,29 @@ def _import_pyplot():
     return plt
 
 
-def write_plots(history, model, run, title, feature_names=None, final_metric=None, dense_flops=None):
+def write_plots(
+    history,
+    model,
+    run,
+    title,
+    feature_names=None,
+    final_metric=None,
+    dense_flops=None,
+    kept_epoch=None,
+    inclusion_check=None,
+):
     """Write ``training.png`` and ``gates.png`` into the run directory ``run``.
 
     :param feature_names: names of the inputs of a model with one gate per feature (the regressions):
         ``gates.png`` is then a bar per named feature instead of a sorted curve per layer.
-    :param final_metric: ``(name, value)`` of the final model, plotted when the history has no per-epoch
-        test metric (see :func:`training_panels`).
+    :param final_metric: ``(name, value)`` of the final model's test metric: a point beside the validation
+        curve, or the panel itself when the history has no per-epoch metric (see :func:`training_panels`).
     :param dense_flops: FLOPs per example of the dense network, drawn as a reference line in the
         expected-FLOPs panel.
+    :param kept_epoch: the epoch whose parameters the run kept (``--keep-best``), marked on the first panel;
+        ``None``: the last.
+    :param inclusion_check: a Bayes regression's check (:func:`~l0bayes.cli.inclusion.check_inclusion`): its
+        checked probabilities are ``gates.png``'s bars.
     :returns: the names written, or ``None`` when matplotlib is not installed.
     """
     plt = _import_pyplot()
@@ -96,21 +112,21 @@ def write_plots(history, model, run, title, feature_names=None, final_metric=Non
     written = []
     panels = training_panels(history, final_metric)
     if panels and history:
-        _training_figure(plt, history, panels, run, title, dense_flops)
+        _training_figure(plt, history, panels, run, title, dense_flops, final_metric, kept_epoch)
         written.append("training.png")
     from ..nn import gates_of
 
     gates = gates_of(model)
     if gates:
         if feature_names is not None and len(gates) == 1:
-            _feature_gates_figure(plt, gates[0][1], feature_names, run, title)
+            _feature_gates_figure(plt, gates[0][1], feature_names, run, title, inclusion_check)
         else:
             _layer_gates_figure(plt, gates, run, title)
         written.append("gates.png")
     return written
 
 
-def _training_figure(plt, history, panels, run, title, dense_flops=None):
+def _training_figure(plt, history, panels, run, title, dense_flops=None, final_metric=None, kept_epoch=None):
     epochs = [r["epoch"] for r in history]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (key, label, scale) in zip(axes[0], panels, strict=True):
@@ -123,7 +139,10 @@ def _training_figure(plt, history, panels, run, title, dense_flops=None):
             _density_panel(ax, history, epochs)
         else:
             values = [float("nan") if r.get(key) is None else scale * r[key] for r in history]
-            ax.plot(epochs, values, marker="o" if len(epochs) < 30 else None, label=label)
+            curve = "validation, per epoch" if key.startswith("validation_") else label
+            ax.plot(epochs, values, marker="o" if len(epochs) < 30 else None, label=curve)
+            if key.startswith("validation_"):
+                _test_point(ax, key, scale, final_metric, kept_epoch or epochs[-1], kept_epoch is not None)
             if key == "expected_flops" and dense_flops is not None:
                 ax.axhline(dense_flops, color="0.35", ls="--", lw=1, label=f"dense network ({dense_flops:,.0f})")
                 ax.legend(fontsize=8)
@@ -134,6 +153,18 @@ def _training_figure(plt, history, panels, run, title, dense_flops=None):
     fig.tight_layout()
     run.write_figure("training.png", fig)
     plt.close(fig)
+
+
+def _test_point(ax, key, scale, final_metric, epoch, chosen):
+    """Beside the validation curve: the final model's test metric, at the epoch whose parameters it has; a dotted
+    line marks an epoch chosen on the validation split (``--keep-best``)."""
+    if chosen:
+        ax.axvline(epoch, color="0.35", ls=":", lw=1, label=f"epoch kept (--keep-best): {epoch}")
+    name, value = final_metric if final_metric is not None else (None, None)
+    if value is not None and ("error" in name) == key.endswith("_error"):
+        shown = f"{scale * value:.2f}%" if key.endswith("_error") else f"{value:.4f}"
+        ax.plot([epoch], [scale * value], marker="*", ms=11, ls="none", color="C3", label=f"test, final model: {shown}")
+    ax.legend(fontsize=8)
 
 
 def _density_panel(ax, history, epochs):
@@ -206,19 +237,35 @@ def _layer_gates_figure(plt, gates, run, title):
     plt.close(fig)
 
 
-def _feature_gates_figure(plt, gate, feature_names, run, title):
-    """One bar per feature, labelled with its name, in the data set's order."""
+def _feature_gates_figure(plt, gate, feature_names, run, title, check=None):
+    """One bar per feature, labelled with its name, in the data set's order: the gates' q(z != 0), or for a Bayes
+    regression (``check``) the checked inclusion probabilities, with the gates' as points."""
     import torch
+    from matplotlib.patches import Patch
 
     with torch.no_grad():
         q = gate.prob_nonzero().detach().cpu().flatten().tolist()
     fig, ax = plt.subplots(figsize=(max(6, 0.32 * len(q) + 1.5), 3.8))
-    ax.bar(range(len(q)), q)
+    x = range(len(q))
+    if check is None:
+        ax.bar(x, q)
+        ax.set_ylabel("q(z != 0)  (Eq. 12)")
+    else:
+        status = check["status"]
+        colours = ["0.6" if s == "unchecked" else "C1" if s == "capped" else "C0" for s in status]
+        ax.bar(x, check["checked"], color=colours, hatch=["//" if s == "capped" else "" for s in status])
+        ax.plot(x, q, ls="none", marker="o", ms=4, color="k", label="trained gate q(z != 0)")
+        ax.set_ylabel("inclusion probability")
+        handles = [Patch(color="C0", label=f"checked ({check['method']})")] if check["reliable"] else []
+        if not check["reliable"]:
+            handles.append(Patch(color="0.6", label="unchecked: the check failed"))
+        if "capped" in status:
+            handles.append(Patch(facecolor="C1", hatch="//", label="capped at 0.9: the check failed above it"))
+        ax.add_artist(ax.legend(handles=handles, fontsize=8, loc="upper right"))
     ax.axhline(MEDIAN_MODEL, color="0.35", ls="--", lw=1, label="0.5: median-probability model")
-    ax.set_xticks(range(len(q)))
+    ax.set_xticks(list(x))
     ax.set_xticklabels(feature_names, rotation=60 if len(q) > 10 else 0, ha="right" if len(q) > 10 else "center")
-    ax.set_ylabel("q(z != 0)  (Eq. 12)")
-    ax.set_ylim(0, 1.2)  # room for the legend above bars that reach 1
+    ax.set_ylim(0, 1.2 if check is None else 1.35)  # room for the legends above bars that reach 1
     ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3, axis="y")

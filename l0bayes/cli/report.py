@@ -89,6 +89,14 @@ def _metric_text(result):
     return text
 
 
+def _kept_text(result):
+    kept = result["kept"]
+    name = next(k for k in ("validation_error", "validation_rmse", "validation_loss") if kept.get(k) is not None)
+    value = f"{100 * kept[name]:.2f}%" if name == "validation_error" else f"{kept[name]:.4f}"
+    words = name.replace("_", " ").replace("rmse", "RMSE")
+    return f"{result['kept_epoch']} of {len(result['history'])} (lowest {words}, {value})"
+
+
 def _objective_rows(cfg, last):
     if not last:
         return []
@@ -132,7 +140,9 @@ def format_table(cfg, data, result, wall, device, extra_rows=()):
     fp, fd = result["flops_pruned"], result["flops_dense"]
     rows.append(("FLOPs per example", f"{fp:,} of {fd:,} dense ({fd / max(fp, 1):.2f}x fewer)"))
     rows.append(("expected FLOPs under q(z != 0)", f"{result['expected_flops']:,.0f}"))
-    rows += _objective_rows(cfg, result["last"])
+    if result.get("kept"):  # --keep-best: the epoch chosen on the validation split, and its objective
+        rows.append(("epoch kept (--keep-best)", _kept_text(result)))
+    rows += _objective_rows(cfg, result.get("kept") or result["last"])
     rows += list(extra_rows)
     epochs = len(result["history"])
     per_epoch = sum(r["wall_s"] for r in result["history"]) / max(epochs, 1)
@@ -163,7 +173,23 @@ def _feature_table(features, check=None, selected=None):
 
 
 def summary_record(result, wall, device, extra=None):
-    """``summary.json``: the final table's numbers (not the history), wall time, device, epochs."""
+    """``summary.json``: the final table's numbers (not the history), wall time, device, epochs.
+
+    A regression's ``features`` are one object per feature, named: ``name``, ``inclusion_probability`` (the
+    table's headline: the checked one of a Bayes run), ``coefficient`` (Eq. 13, standardised units), and for a
+    Bayes run the trained gate's ``gate_inclusion_probability`` and the ``status``; the inclusion check's lists
+    follow its ``feature_names``.
+    """
     record = {k: v for k, v in result.items() if k != "history"}
     record.update(wall_s=wall, device=device, epochs=len(result["history"]), **(extra or {}))
+    if result.get("features"):
+        record["features"] = _feature_records(result["features"], result.get("inclusion_check"))
     return record
+
+
+def _feature_records(features, check=None):
+    rows = [{"name": n, "inclusion_probability": pi, "coefficient": c} for n, pi, c in features]
+    if check is not None:
+        for row, q, status in zip(rows, check["variational"], check["status"], strict=True):
+            row.update(gate_inclusion_probability=q, status=status)
+    return rows

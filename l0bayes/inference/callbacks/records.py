@@ -142,10 +142,10 @@ def _free_energy_terms(model, x, y, num_data, kl):
 
 
 def test_metrics(model, test_data, device, rows=None):
-    """``test_error`` of a classifier, ``test_rmse`` of a Gaussian linear regression, ``test_loss`` of a model
-    with its own loss function (the mean over the test examples), at test time (Eq. 13 gates). Held-out tensors
-    are read ``rows`` at a time (by default :data:`~l0bayes.inference.batches.EVALUATION_BATCH`); an iterable in
-    its own batches."""
+    """``test_error`` of a classifier (and of a logistic regression: the sign of its logit), ``test_rmse`` of a
+    Gaussian linear regression, ``test_loss`` of a model with its own loss function (the mean over the test
+    examples), at test time (Eq. 13 gates). Held-out tensors are read ``rows`` at a time (by default
+    :data:`~l0bayes.inference.batches.EVALUATION_BATCH`); an iterable in its own batches."""
     was_training = model.training
     model.eval()
     wrong = count = 0
@@ -162,6 +162,9 @@ def test_metrics(model, test_data, device, rows=None):
                 elif hasattr(model, "noise_scale") and hasattr(model, "coefficients") and yb.is_floating_point():
                     kind = "test_rmse"
                     squared += float(((xb @ model.coefficients() + model.bias - yb) ** 2).sum())
+                elif hasattr(model, "coefficients") and yb.is_floating_point():  # a logistic regression: 0/1 labels
+                    kind = "test_error"
+                    wrong += int(((xb @ model.coefficients() + model.bias > 0).to(yb.dtype) != yb).sum())
                 elif metric == "test_error" or not yb.is_floating_point():
                     kind = "test_error"
                     pred = model(xb)
