@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from l0bayes.cli import DEFAULTS, CLIError, build_parser, main
-from l0bayes.cli.config import read_config, resolve_config
+from l0bayes.cli.config import ADDED_SINCE, read_config, resolve_config
 
 #: Examples per property: the default run, and the ``slow`` profile.
 FAST, SLOW = 25, 200
@@ -450,7 +450,7 @@ def test_missing_settings_are_all_named(tmp_path_factory, examples):
     path = run / "config.json"
 
     @_profile(examples)
-    @given(dropped=st.sets(st.sampled_from(sorted(DEFAULTS)), min_size=1))
+    @given(dropped=st.sets(st.sampled_from(sorted(set(DEFAULTS) - set(ADDED_SINCE))), min_size=1))
     def prop(dropped):
         path.write_text(json.dumps({k: v for k, v in cfg.items() if k not in dropped}))
         with pytest.raises(CLIError, match=r"lacks the settings ") as info:
@@ -459,6 +459,18 @@ def test_missing_settings_are_all_named(tmp_path_factory, examples):
         assert set(re.findall(r"'(\w+)'", str(info.value).split("lacks the settings")[1])) == dropped
 
     prop()
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_with_its_old_value(tmp_path):
+    run, cfg = _saved(tmp_path)
+    path = run / "config.json"
+    whole = read_config(str(path))
+    path.write_text(json.dumps({k: v for k, v in cfg.items() if k not in ADDED_SINCE}))
+    got = read_config(str(path))
+    assert {k: got[k] for k in ADDED_SINCE} == ADDED_SINCE
+    assert {k: v for k, v in got.items() if k not in ADDED_SINCE} == {
+        k: v for k, v in whole.items() if k not in ADDED_SINCE
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- Bayes tables

@@ -209,6 +209,10 @@ def _option_name(key):
     return "--" + key.replace("_", "-")
 
 
+# Settings added after the first saved runs, with the value those runs had: a run saved without one resumes.
+ADDED_SINCE = {"keep_best": False}
+
+
 def read_config(path):
     """The settings saved in ``path`` (a run's ``config.json``), checked as the command line checks them.
 
@@ -234,6 +238,7 @@ def read_config(path):
     unknown = sorted(set(saved) - set(DEFAULTS))
     if unknown:
         raise CLIError(f"cannot resume: {path} has unknown settings {', '.join(map(repr, unknown))}")
+    saved = {**ADDED_SINCE, **saved}  # a run saved before a setting existed ran with its default
     missing = [k for k in DEFAULTS if k not in saved]
     if missing:
         raise CLIError(f"cannot resume: {path} lacks the settings {', '.join(map(repr, missing))}")
