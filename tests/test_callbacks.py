@@ -297,7 +297,7 @@ def test_an_iterable_without_a_length_needs_num_data():
 def test_the_first_batches_of_an_iterable_are_checked_and_a_list_of_two_batches_is_batches():
     x, y = _digits_like()
     loader = DataLoader(TensorDataset(x.double(), y), batch_size=40)  # float64 data, float32 model
-    with pytest.raises(TypeError, match=r"^the x of batch 1 of x has dtype torch.float64"):
+    with pytest.raises(TypeError, match=r"^the x of batch 1 of x in epoch 1 has dtype torch.float64"):
         train(_classifier(), loader, epochs=1, progress=False)
     bad = DataLoader(TensorDataset(x, y + 5), batch_size=40)  # labels beyond the 3 classes
     with pytest.raises(ValueError, match="class labels must lie in"):

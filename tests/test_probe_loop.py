@@ -223,7 +223,7 @@ def test_every_batch_is_checked_before_its_step_and_named(examples):
     @given(
         case=st.sampled_from(sorted(BAD_BATCHES)),
         bad=st.integers(1, 7),
-        batch_size=st.sampled_from((250, 400)),  # the full record's pass takes the first 4 or 3 batches
+        batch_size=st.sampled_from((250, 400)),  # the full record keeps the first 4 or 3 batches
         kind=st.sampled_from(("list", "generator")),
     )
     def prop(case, bad, batch_size, kind):
@@ -239,11 +239,11 @@ def test_every_batch_is_checked_before_its_step_and_named(examples):
             run()
             assert tally.steps == 7
             return
-        in_record = kind == "list" and (bad - 1) * batch_size < 1000  # found by the record's pass, before any step
-        where = rf"batch {bad} of x" + ("" if in_record else " in epoch 1")
+        # found as it streams (the full record keeps the first epoch's batches: no pass of its own before training)
+        where = rf"batch {bad} of x in epoch 1"
         with pytest.raises(error, match=(rf"^the {name} of " if name else "^") + where + message):
             run()
-        assert tally.steps == (0 if in_record else bad - 1)  # the bad batch is never trained on
+        assert tally.steps == bad - 1  # the bad batch is never trained on
 
     prop()
 
@@ -691,7 +691,7 @@ def test_an_empty_dataloader_says_it_yields_no_batches():
         _fit(_classifier(), DataLoader(TensorDataset(x[:0], y[:0]), batch_size=4))
     with pytest.raises(ValueError, match=r"^the training data is empty: x \(DataLoader\) yields no batches"):
         _fit(_classifier(), DataLoader(TensorDataset(x, y), batch_size=8, drop_last=True))
-    with pytest.raises(ValueError, match=r"^the training data is empty: x yielded no batches$"):
+    with pytest.raises(ValueError, match=r"^the training data is empty: x yielded no batches in epoch 1$"):
         _fit(_classifier(), Unsized([]), num_data=6)
 
 
@@ -703,10 +703,12 @@ def test_an_iterable_that_yields_nothing_the_second_time_is_named():
         def __iter__(self):
             return once
 
-    # (the pass that takes the full record's examples before training is the first to use it up)
-    message = r"^the training data is empty: x yielded no batches in epoch 1 \(it yielded batches before: an iterable"
+    # (the first epoch uses it up: the full record keeps that epoch's batches, with no pass of its own)
+    message = r"^the training data is empty: x yielded no batches in epoch 2 \(it yielded batches before: an iterable"
+    tally = Tally()
     with pytest.raises(ValueError, match=message):
-        _fit(_classifier(), SameIterator(), num_data=8, epochs=2)
+        _fit(_classifier(), SameIterator(), num_data=8, epochs=2, callbacks=[tally])
+    assert tally.steps == 1
 
 
 @pytest.mark.parametrize("num_data", [30, 59, 61, 120, 600, 6000])
@@ -852,3 +854,90 @@ def test_a_check_without_values_reads_only_shapes_and_dtypes():
         check(spoilt_x, y, names)
     with pytest.raises(ValueError, match=r"^the x has 3 features"):
         check(x[:, :3], y, names, values=False)
+
+
+class _CountedReads:
+    """An iterable of batches that counts its passes (``__iter__``) and the batches it hands out."""
+
+    def __init__(self, batches):
+        self.batches, self.passes, self.read = batches, 0, 0
+
+    def __iter__(self):
+        self.passes += 1
+        for batch in self.batches:
+            self.read += 1
+            yield batch
+
+    def __len__(self):
+        return len(self.batches)
+
+
+class _CountedDataset(TensorDataset):
+    def __init__(self, *tensors):
+        super().__init__(*tensors)
+        self.read = 0
+
+    def __getitem__(self, index):
+        self.read += 1
+        return super().__getitem__(index)
+
+
+class _CountingTeacher(nn.Module):
+    """A teacher that notes the example ids (the first feature) of every input it runs on."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.calls, self.ids = 0, []
+
+    def forward(self, x):
+        self.calls += 1
+        self.ids += [int(v) for v in x[:, 0]]
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("kind", ["iterable", "dataloader"])
+@pytest.mark.parametrize("record_every", [1, 3])
+def test_an_iterable_is_read_once_per_epoch_and_the_teacher_runs_on_trained_examples_only(kind, record_every):
+    """Three epochs read the data three times (the full record keeps the first epoch's first batches as they stream,
+    with no pass of its own): a teacher attached for distillation runs on each training batch and on the full
+    record's examples, which are the first epoch's first examples, and on nothing else."""
+    from l0bayes.models import Distillation
+
+    n, batch, epochs = 1500, 300, 3
+    x = torch.randn(n, 4, generator=torch.Generator().manual_seed(0))
+    x[:, 0] = torch.arange(n, dtype=torch.float32)  # the example's id
+    y = torch.randint(0, 3, (n,), generator=torch.Generator().manual_seed(1))
+    if kind == "iterable":
+        data = _CountedReads([(x[i : i + batch], y[i : i + batch]) for i in range(0, n, batch)])
+    else:
+        data = DataLoader(_CountedDataset(x, y), batch_size=batch, shuffle=True)
+    teacher = _CountingTeacher()
+    distillation = Distillation(teacher, alpha=0.5, causal=False)
+    torch.manual_seed(0)
+    student = L0MLP(4, (5,), 3)
+    tally = Tally()
+    with distillation.attach(student):
+        result = train(
+            SparseModel(student, distillation), data, epochs=epochs, record_every=record_every, progress=False,
+            objective="penalized", num_data=n, callbacks=[tally],
+        )  # fmt: skip
+    steps = epochs * n // batch
+    reads = data.read if kind == "iterable" else data.dataset.read
+    assert reads == epochs * (n // batch if kind == "iterable" else n)
+    if kind == "iterable":
+        assert data.passes == epochs
+    records = sum(r["full_record"] for r in result.history)
+    assert records == epochs // record_every
+    # each epoch: its n training examples, then, in a full record, the first 1200 (four batches of 300: at least
+    # 1000) examples the first epoch trained on, one training batch per forward
+    assert teacher.calls == steps + records * 4
+    ids, first = teacher.ids, None
+    for epoch in range(epochs):
+        trained, ids = ids[:n], ids[n:]
+        assert sorted(trained) == list(range(n))
+        first = trained[:1200] if first is None else first
+        if (epoch + 1) % record_every == 0:
+            recorded, ids = ids[:1200], ids[1200:]
+            assert recorded == first
+    assert ids == []

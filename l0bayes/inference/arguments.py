@@ -2,6 +2,7 @@
 
 import math
 import numbers
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -321,11 +322,9 @@ def _trainable(model):
 
 
 def _iterable(x):
-    try:
-        iter(x)
-    except TypeError:
-        return False
-    return True
+    """Whether ``x`` can be iterated, read from its type: ``iter(x)`` would start a ``DataLoader``'s workers and
+    draw its seed, a read of the data before training."""
+    return isinstance(x, Iterable) or callable(getattr(type(x), "__getitem__", None))
 
 
 def check_arguments(args, x, y):

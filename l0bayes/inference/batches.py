@@ -52,8 +52,9 @@ class TensorBatches:
             idx = order[step * self.local_batch : (step + 1) * self.local_batch]
             yield self.x[idx].to(run.device), self.y[idx].to(run.device)
 
-    def record_subset(self):
-        """The fixed training examples of the full record: the first ``max(batch_size, 1000)`` rows."""
+    def record_subset(self, own_pass=False):
+        """The fixed training examples of the full record: the first ``max(batch_size, 1000)`` rows (``own_pass``:
+        :meth:`IterableBatches.record_subset`'s, the same here)."""
         take = min(self.num_data, max(self.batch_size, RECORD_EXAMPLES))
         return self.x[:take], self.y[:take]
 
@@ -85,10 +86,11 @@ class IterableBatches:
     as soon as its count passes ``num_data`` (so an endless iterable such as ``itertools.cycle`` is an error, not
     a run that never ends), one that yields fewer at the end of the epoch.
 
-    An iterable that can be iterated once per epoch (a ``DataLoader``, a list of batches) also gives the full
-    record's fixed training examples, its first batches, from a pass of its own before training. An iterator
-    (a generator, ``iter(batches)``: exhausted after one pass) trains one epoch, and the full record takes its
-    first batches as they stream: nothing is consumed that is not trained on.
+    The full record's fixed training examples are the first batches of the first epoch, kept as they stream: the
+    data are read once per epoch and never more (a ``DataLoader``'s workers start once per epoch, and nothing is
+    read that is not trained on). A resumed run, whose first epoch here is a later one, reads them from a pass of
+    its own before training instead (the same batches, where the order follows the seed as the epochs' does). An
+    iterator (a generator, ``iter(batches)``: exhausted after one pass) trains one epoch.
 
     :param num_data: the number of training examples ``N`` (the data term is scaled by ``N/B``); by default, for
         a ``DataLoader`` over a dataset with a length, ``len(data.dataset)`` (the length of its sampler where that
@@ -125,7 +127,7 @@ class IterableBatches:
         # or the data are a subsample of the N training examples; more means num_data is not N.
         self.num_data = num_data
         self.batch_size = None
-        self._streamed = _StreamedExamples() if self.one_shot else None
+        self._streamed = _StreamedExamples()  # the full record's examples, kept as the first epoch streams
         self._rows = None
         self._yielded = False  # whether a pass over the data has yielded a batch yet
 
@@ -150,7 +152,7 @@ class IterableBatches:
                     "(an endless iterable such as itertools.cycle never ends one); give the number of training "
                     "examples as num_data"
                 )
-            if self._streamed is not None:
+            if self._streamed is not None and not self._yielded:  # the first epoch
                 self._streamed.keep(x, y)
             yield x.to(run.device), y.to(run.device)
         if index == 0:
@@ -170,14 +172,16 @@ class IterableBatches:
         values = values or not torch.is_tensor(x) or x.device.type == "cpu"
         return checked_batch(self.check, batch, where, values)
 
-    def record_subset(self):
+    def record_subset(self, own_pass=False):
         """The full record's fixed training examples: the first batches, up to 1000 examples.
 
-        Of an iterable, from a pass of their own, taken without touching torch's random state; of an iterator,
-        the first batches of its one epoch, kept as they stream (a pair that is complete after that epoch).
+        Those of the first epoch, kept as they stream (a pair that is complete after that epoch); with ``own_pass``
+        (a resumed run), of an iterable that can be iterated again, from a pass of their own, taken without touching
+        torch's random state.
         """
-        if self._streamed is not None:
+        if not own_pass or self.one_shot:
             return self._streamed
+        self._streamed = None
         xs, ys, count = [], [], 0
         with random_state_kept():
             for index, batch in enumerate(self.data, 1):

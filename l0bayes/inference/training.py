@@ -272,7 +272,9 @@ def _fit(model, x, y, arguments, ddp):
     """Build the run of ``train``'s ``arguments`` on ``ddp.device`` (the model is there), resume it if asked,
     and train it; returns the :class:`~l0bayes.inference.loop.Run`."""
     run, settings = _build_run(model, x, y, arguments, ddp)
-    subset = run.batches.record_subset()  # the full record's fixed training examples (an iterable's: checked)
+    # The full record's fixed training examples: an iterable's are kept as its first epoch streams (read once per
+    # epoch), except in a resumed run, whose first epoch here is a later one: they come from a pass of their own.
+    subset = run.batches.record_subset(own_pass=bool(arguments["resume"]))
     path = arguments["checkpoint"]
     checkpointing = Checkpointing(path, ddp, settings) if path is not None else None
     run.callbacks = _callbacks(run, arguments, checkpointing, subset)
