@@ -24,6 +24,8 @@ pytest.importorskip("arviz")
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 300
+# Notebooks whose training takes minutes with full settings: every cell that trains shows a progress bar.
+SHOW_PROGRESS = {"05_transformer_pruning.ipynb"}
 
 
 def test_the_five_notebooks_exist():
@@ -65,6 +67,14 @@ def test_notebook_executes(path, monkeypatch, tmp_path):
     assert not warned, f"{path.name}: {warned[0][:300]}"
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert images, f"{path.name} drew no figure"
+    if path.name in SHOW_PROGRESS:  # tqdm.auto's bar is a widget in a kernel
+        training = [c for c in nb.cells if c.cell_type == "code" and ("train(" in c.source or ".step()" in c.source)]
+        silent = [
+            c.source.partition("\n")[0]
+            for c in training
+            if not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in c.outputs)
+        ]
+        assert training and not silent, f"{path.name}: cells that train without a progress bar: {silent}"
 
 
 def _documented_nbconvert_commands():
