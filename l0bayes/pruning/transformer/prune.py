@@ -3,15 +3,15 @@
 import copy
 import dataclasses
 import warnings
-from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from ..hooks import as_input_tuple, on_device_of, remove_hooks
-from .attach import FORWARD_ERRORS, check_example_inputs, is_transformer_gated, run_on_example_inputs
+from ..hooks import as_input_tuple, remove_hooks
+from .attach import check_example_inputs, is_transformer_gated
 from .attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
 from .blocks import _attentions, _set
+from .equality import block_budget, check_equal, gated_reference
 from .gates import _TransformerGate
 from .hf_config import update_config
 from .projections import features, like
@@ -172,7 +172,15 @@ def prune_transformer(model, example_inputs=None):
     :func:`sparsify_transformer`) in float64: the gated model runs on them first, and a ``ValueError`` naming
     ``example_inputs`` says where it does not (float token ids, ids beyond the vocabulary); a ``ValueError`` says
     when the pruned model does not run after the gated one did, or differs from it (the attention's forward does
-    not follow the lowered head count).
+    not follow the lowered head count). Each module is cast to float64 only while it runs (a block at a time),
+    so the check takes about one block's float64 copy beyond the two models, not a copy of the whole model.
+
+    A Hugging Face model (or one inside your own module) gets a config of its kept sizes where its config class
+    can describe them (see :mod:`~l0bayes.pruning.transformer.hf_config`); otherwise it keeps its config, ``prune``
+    warns, and its ``save_pretrained`` raises a ``ValueError`` saying what that config can describe (save it
+    with :func:`~l0bayes.pruning.save_pruned`). The quantization marks of a model loaded from a GGUF file
+    (whose weights transformers dequantized into plain tensors) are removed from the pruned model, whose weights
+    are plain tensors, so that it saves.
     """
     if not is_transformer_gated(model):
         raise ValueError("prune_transformer needs a model of sparsify_transformer()")
@@ -180,7 +188,9 @@ def prune_transformer(model, example_inputs=None):
         example_inputs = as_input_tuple(model._l0_example_inputs)
     else:
         example_inputs = check_example_inputs(example_inputs)
-    probe, reference = _gated_reference(model, example_inputs)  # first: a failure here is example_inputs' fault
+    budget = block_budget(model, model._l0_transformer)
+    # first: a failure here is example_inputs' fault
+    probe, reference, budget = gated_reference(model, example_inputs, budget)
     plain = copy.deepcopy(model).eval()
     _strip_hooks(plain)
     resolved = plain._l0_transformer
@@ -206,7 +216,7 @@ def prune_transformer(model, example_inputs=None):
             _set(plain, r.name, PrunedTransformerEncoderLayer(block, block.self_attn, feed_forward))
     kept, positions = _remove_blocks(plain, resolved, removed)
     update_config(plain, kept, positions)
-    _check_equal(model, plain, probe, reference)
+    check_equal(model, plain, probe, reference, budget)
     return plain.eval()
 
 
@@ -271,64 +281,6 @@ def _warn_if_all_closed(plain, resolved):
                 UserWarning,
                 stacklevel=5,
             )
-
-
-def _flat(output):
-    """Every floating tensor of a model's output (a tensor, a tuple, a dict or a Hugging Face ``ModelOutput``),
-    flattened into one vector."""
-    found = []
-
-    def visit(x):
-        if torch.is_tensor(x):
-            if x.is_floating_point():
-                found.append(x.flatten())
-        elif isinstance(x, Mapping):
-            for v in x.values():
-                visit(v)
-        elif isinstance(x, (tuple, list)):
-            for v in x:
-                visit(v)
-
-    visit(output)
-    return torch.cat(found) if found else torch.zeros(0)
-
-
-def _gated_reference(model, example_inputs):
-    """The probe (``example_inputs`` twice over, floating ones in float64) and the gated model's output on it, in
-    float64: the reference the pruned model must reproduce. A ``ValueError`` naming ``example_inputs`` where the
-    gated model does not run on them."""
-    probe = tuple(
-        t.repeat(2, *([1] * (t.dim() - 1))).double() if t.is_floating_point() else t.repeat(2, *([1] * (t.dim() - 1)))
-        for t in on_device_of(model, example_inputs)
-    )
-    gated64 = copy.deepcopy(model).double().eval()
-    return probe, run_on_example_inputs(gated64, probe, shown=example_inputs)
-
-
-def _check_equal(model, plain, probe, a):
-    """A ``ValueError`` where the pruned model ``plain`` does not run on ``probe`` or differs from the gated
-    ``model``'s output ``a`` there, beyond the rounding of folding the gates in the model's precision."""
-    plain64 = copy.deepcopy(plain).double().eval()
-    with torch.no_grad():
-        try:
-            b = plain64(*probe)
-        except FORWARD_ERRORS as err:
-            first = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise ValueError(
-                f"the pruned model does not run ({type(err).__name__}: {first}) where the gated one does: does the "
-                "attention's forward read its head count from the attribute prune() lowers, rather than from the "
-                "embedding width?"
-            ) from None
-    a, b = _flat(a), _flat(b)
-    # the gates are folded in the precision of the model's parameters (weights and gates): a structural mismatch
-    # is far larger than that rounding, relative to the scale of the outputs
-    eps = max((torch.finfo(p.dtype).eps for p in model.parameters() if p.is_floating_point()), default=2.0**-23)
-    scale = float(a.abs().max()) if a.numel() else 0.0
-    if a.shape != b.shape or float((a - b).abs().max()) > 256 * eps * scale:
-        raise ValueError(
-            "the pruned model differs from the gated one: does the attention's forward read its head count from "
-            "the attribute prune() lowers, and is each branch's output its last linear layer's (scaled) output?"
-        )
 
 
 #: The ``log_alpha`` of a gate fixed open (Eq. 13 gate exactly 1) or closed (exactly 0).
