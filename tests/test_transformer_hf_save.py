@@ -190,8 +190,9 @@ def test_a_default_gated_gpt2_refuses_save_pretrained_saying_what_its_config_des
     gated = sparsify_transformer(model, example_inputs=_ids())
     _random_gates(gated, 1)
     describes = r"all 4 heads but not fewer \(the head width is n_embd / n_head\), the MLP width \(n_inner\)"
-    with pytest.warns(UserWarning, match=f"keeps its original config.*save_pretrained raises.*{describes}"):
+    with pytest.warns(UserWarning, match=f"keeps its original config.*save_pretrained raises.*{describes}") as rec:
         pruned = prune(gated.eval())
+    assert rec[0].filename == __file__  # the warning names the line of the call to prune
     with pytest.raises(ValueError, match=f"save_pretrained: .*save_pruned.*{describes}.*num_attention_heads=4"):
         pruned.save_pretrained(tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
@@ -316,6 +317,18 @@ def test_a_hugging_face_model_inside_a_module_of_your_own_gets_its_config(tmp_pa
         pruned.lm.save_pretrained(tmp_path / "refused")
     with pytest.raises(ValueError, match="save_pruned"):
         pruned.lm.model.save_pretrained(tmp_path / "refused")  # the base model inside shares the config
+
+
+def test_the_warning_of_a_model_without_attention_names_the_call_to_prune():
+    """Every attention branch closed: the warning names the line of the call to prune (it named torch's no_grad
+    wrapper)."""
+    gated = sparsify_transformer(_llama(), example_inputs=_ids())
+    for layer in gated.model.layers:
+        with torch.no_grad():
+            layer.l0_attention.gate.log_alpha.fill_(-50.0)
+    with pytest.warns(UserWarning) as rec:  # (and: the config cannot describe a model without attention)
+        prune(gated.eval())
+    assert [w.filename for w in rec if "close the attention branch of every block" in str(w.message)] == [__file__]
 
 
 # ------------------------------------------------------------------------------------ prune's float64 check

@@ -2,11 +2,11 @@
 
 import copy
 import dataclasses
-import warnings
 
 import torch
 from torch import nn
 
+from ..._warnings import warn
 from ..hooks import as_input_tuple, remove_hooks
 from .attach import check_example_inputs, is_transformer_gated
 from .attention import PrunedMultiheadAttention, PrunedTransformerEncoderLayer, ZeroBranch
@@ -274,12 +274,10 @@ def _warn_if_all_closed(plain, resolved):
             kinds["cross-attention"].append(_branch_value(block, r.cross.branch_key))
     for kind, values in kinds.items():
         if values and all(v is not None and float(v) == 0.0 for v in values):
-            warnings.warn(
+            warn(
                 f"the gates close the {kind} branch of every block ({len(values)}): the pruned model has no "
                 f"{kind} at all. If this is what you want, gate with sparsify_transformer(..., may_remove_all=True); "
-                "otherwise give a target the model can reach, or more epochs before the final phase",
-                UserWarning,
-                stacklevel=5,
+                "otherwise give a target the model can reach, or more epochs before the final phase"
             )
 
 
