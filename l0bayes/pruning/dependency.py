@@ -21,9 +21,9 @@ A gated unit is removed only where that leaves the function unchanged:
 * a grouped convolution (``groups > 1``, other than a depthwise one) must keep as many input (and output)
   channels in each of its groups: of the closed channels it reads (or its own closed output channels), as
   many are removed from every group as the group with the fewest has, at most all but one; the others stay,
-  with zero weights. A depthwise convolution (``groups == out_channels``) ties each output channel to its
-  input channel, so a closed channel it reads is kept (the convolution's bias makes that output channel
-  nonzero).
+  with zero weights. A convolution with one output channel per group (``groups == out_channels``, as a
+  depthwise one) ties each of its groups of input channels to an output channel, so a closed channel it
+  reads is kept (the convolution's bias makes that output channel nonzero).
 
 Padding keeps a closed channel zero in every ``padding_mode`` of a convolution (``"zeros"``, ``"reflect"``,
 ``"replicate"``, ``"circular"``: each pads a channel with values of that channel only), so the graph is traced
