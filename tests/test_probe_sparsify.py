@@ -5,9 +5,13 @@ convolution that is plain, grouped, depthwise or depthwise with a multiplier, an
 at random. Each one is pruned within a deadline (never a hang), computes what the gated network computes in
 ``eval()`` mode (float64), has the channels that a count by hand from the closed gates predicts, and saves and loads
 back exactly. Example inputs of any shape or type either fit the model or are an error naming ``example_inputs``.
+The file of a pruned grouped network, its convolutions' ``groups`` and channels tampered with, loads as what it
+describes or is refused naming the file and the layer.
 
 Each property runs twice: a few examples in the default run, many more under ``-m slow``.
 """
+
+import copy
 
 import pytest
 import torch
@@ -18,6 +22,7 @@ from torch import nn
 
 from l0bayes.nn import gates_of
 from l0bayes.pruning import count_parameters, prune, sparsify
+from l0bayes.pruning.describe import describe_pruned
 from l0bayes.pruning.export import load_pruned, save_pruned
 
 FAST, SLOW = 6, 150
@@ -141,5 +146,37 @@ def test_example_inputs_fit_the_model_or_are_named(examples):
         with pytest.raises((TypeError, ValueError), match=r"^sparsify: example_inputs ") as info:
             sparsify(net, example_inputs=inputs)
         assert not isinstance(info.value, TypeError) or not torch.is_tensor(inputs)
+
+    prop()
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_a_grouped_convolution_in_a_file_tampered(tmp_path, examples):
+    net = nn.Sequential(nn.Conv2d(4, 6, 3, groups=2), nn.ReLU(), nn.Conv2d(6, 6, 3, groups=6, bias=False)).eval()
+    save_pruned(net, tmp_path / "grouped.pt")
+    saved = torch.load(tmp_path / "grouped.pt", weights_only=True)
+    path = tmp_path / "tampered.pt"
+
+    @_profile(examples * 5)
+    @given(
+        layer=st.sampled_from([0, 2]),
+        key=st.sampled_from(["groups", "in_channels", "out_channels"]),
+        value=st.one_of(
+            st.integers(-2, 40), st.just(2**40), st.none(), st.booleans(), st.floats(), st.text(max_size=2)
+        ),
+    )
+    def prop(layer, key, value):
+        state = copy.deepcopy(saved)
+        entry = state["layers"][layer]
+        entry["args"][key] = value
+        torch.save(state, path)
+        try:
+            loaded, _ = load_pruned(path)
+        except (TypeError, ValueError) as err:
+            assert repr(str(path)) in str(err) and f"layer '{layer}'" in str(err), str(err)
+            return
+        assert describe_pruned(loaded) == state["layers"]  # what the file describes, with the file's tensors
+        for name, tensor in loaded.state_dict().items():
+            assert torch.equal(tensor, state["state_dict"][name])
 
     prop()
