@@ -6,6 +6,13 @@ PyTorch's restricted unpickler, which rebuilds tensors and containers and refuse
 crafted file cannot execute code. NumPy's random state is stored as a tensor for the same reason
 (:func:`numpy_rng_state`).
 
+Loading bounds the memory a file may take before ``torch.load`` reads it (:mod:`l0bayes._archive`): torch
+believes the sizes a file declares, so a file that is not torch's zip format (the legacy format of torch before
+1.6 included), whose entries are compressed (``torch.save`` stores them as they are) or declare more bytes than
+the file holds, or whose pickle calls a function ``torch.save`` does not write for tensors and plain values or
+would build more than the file's size plus 64 MiB of objects, is refused first. A file that loads takes at most
+about twice its size plus that.
+
 Writes are atomic: the state goes to a temporary file with a unique name in the same directory, which then
 replaces ``path`` in one ``os.replace``; two writers never share a temporary file and a reader never sees a
 half-written checkpoint.
@@ -17,6 +24,7 @@ import pickle
 import numpy as np
 import torch
 
+from ._archive import check_archive
 from ._atomic import atomic_write
 
 __all__ = [
@@ -67,7 +75,10 @@ def save_checkpoint(path, state):
         try:
             load_checkpoint(tmp)
         except CheckpointError as err:
-            reason = str(err).split("loading is allowed): ", 1)[-1].replace(repr(tmp), "the file")
+            reason = str(err)
+            for before_reason in ("loading is allowed): ", "before it was loaded: "):
+                reason = reason.split(before_reason, 1)[-1]
+            reason = reason.replace(repr(tmp), "the file")
             raise CheckpointTypeError(
                 f"{path!r} was not written: the state would not load back safely: {reason}"
             ) from None
@@ -99,7 +110,8 @@ def load_checkpoint(path, map_location="cpu", required=()):
     :raises FileNotFoundError: when ``path`` does not exist.
     :raises CheckpointError: (a ``ValueError``) naming the file when it is empty, truncated, corrupt, holds
         anything but tensors and plain containers (e.g. a pickle that would run code), is not a ``dict``,
-        or lacks one of ``required``.
+        or lacks one of ``required``; before anything is read into memory, when it is not in torch's zip format
+        or declares more than it holds (see the module's docstring), saying why.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path (a str or os.PathLike), got {type(path).__name__}")
@@ -108,10 +120,28 @@ def load_checkpoint(path, map_location="cpu", required=()):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
     if os.path.isdir(path):
         raise CheckpointError(f"checkpoint {path!r} is a directory, not a file")
-    if os.path.getsize(path) == 0:
-        raise CheckpointError(f"checkpoint {path!r} is empty")
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise CheckpointError(f"checkpoint {path!r} is empty")
+        try:
+            check_archive(f, size)
+        except ValueError as err:
+            raise CheckpointError(f"checkpoint {path!r} {err}") from None
+        f.seek(0)
+        state = _load(f, path, map_location)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path!r} holds a {type(state).__name__}, not a dict of training state")
+    missing = [k for k in required if k not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path!r} lacks {', '.join(map(repr, missing))}: not an l0bayes checkpoint")
+    return state
+
+
+def _load(f, path, map_location):
+    """``torch.load(f, weights_only=True)``, any failure a :class:`CheckpointError` naming ``path``."""
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(f, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         raise CheckpointError(
             f"checkpoint {path!r} holds objects other than tensors and plain containers and was not loaded "
@@ -121,19 +151,16 @@ def load_checkpoint(path, map_location="cpu", required=()):
         raise CheckpointError(
             f"checkpoint {path!r} is truncated or corrupt ({type(err).__name__}{_first_line(err, ': ')})"
         ) from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {path!r} holds a {type(state).__name__}, not a dict of training state")
-    missing = [k for k in required if k not in state]
-    if missing:
-        raise CheckpointError(f"checkpoint {path!r} lacks {', '.join(map(repr, missing))}: not an l0bayes checkpoint")
-    return state
 
 
 def _unpickler_reason(err):
     """What the restricted unpickler refused (its own line of torch's long message), or the message's first line."""
-    for line in str(err).splitlines():
-        if "WeightsUnpickler error:" in line:
-            return line.split("WeightsUnpickler error:", 1)[1].split(" Please use", 1)[0].strip()
+    lines = str(err).splitlines()
+    for k, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:  # its reason follows, on this line or the next that is not empty
+            after = [line.split("WeightsUnpickler error:", 1)[1], *lines[k + 1 :]]
+            reason = next((text.strip() for text in after if text.strip()), "")
+            return reason.split(" Please use", 1)[0].strip()
     return _first_line(err)
 
 

@@ -25,7 +25,7 @@ PACKAGE = ROOT / "l0bayes"
 
 # Lowest first; a module sits on the floor of its first component below ``l0bayes``.
 FLOORS = [
-    {"_atomic", "_checks", "_optional", "_warnings", "utils", "threads", "io"},
+    {"_archive", "_atomic", "_checks", "_optional", "_warnings", "utils", "threads", "io"},
     {"distributions"},
     {"data"},
     {"nn"},

@@ -27,6 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from residual_cnn import ResNet
+from test_archive import MiB, deflated, refused_within
 from torch import nn
 
 from l0bayes.io import CheckpointError
@@ -200,7 +201,9 @@ def _outcome(tmp_path, name, state, names):
     except (TypeError, ValueError) as err:
         message = str(err)
         assert isinstance(err, CheckpointError) and repr(str(path)) in message, message
-        assert any(n in message for n in names), f"{message!r} names none of {names}"
+        # a layer that cannot run on the input the metadata records is named, wherever the tampered entry is
+        runs = re.search(r"layer '\w+' \(\w+\) cannot run on what it receives from an input of the shape", message)
+        assert runs or any(n in message for n in names), f"{message!r} names none of {names}"
         assert not re.search(r"\.tmp\b", message)
         if fresh is not None:
             _assert_unchanged(fresh, before)
@@ -213,6 +216,10 @@ def _outcome(tmp_path, name, state, names):
     ordered = "layers" in state
     assert _same_description(_describe(loaded), _entries(state), ordered)
     assert not loaded.training and metadata == state.get("metadata", {})
+    if ordered and isinstance(metadata.get("input_shape"), list):  # an nn.Sequential runs on the input it records
+        dtype = next((t.dtype for t in loaded.state_dict().values() if t.is_floating_point()), None)
+        with torch.no_grad():
+            loaded(torch.zeros(2, *metadata["input_shape"], dtype=dtype))
     reference = original.state_dict()
     if _same_description(_entries(state), _describe(original), ordered) and file_tensors.keys() == reference.keys():
         if all(v.dtype == reference[k].dtype and torch.equal(reference[k], v) for k, v in file_tensors.items()):
@@ -486,6 +493,128 @@ def test_save_pruned_metadata_that_contains_itself_is_refused(tmp_path):
     with pytest.raises(TypeError, match=r"^metadata\['a'\]\[0\] contains itself"):
         save_pruned(_model("mlp")[0], tmp_path / "pruned.pt", loop)
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------------ bytes and shapes
+def test_a_deflated_pruned_file_is_refused_before_it_is_inflated(tmp_path):
+    """load_pruned reads through load_checkpoint: a pruned model's archive deflated, 48 MiB of zeros in place of its
+    first tensor (48 kB on disk), is refused before torch inflates it (torch allocated all of it first)."""
+    save_pruned(_model("mlp")[0], tmp_path / "p.pt", {"input_shape": [16]})
+    deflated(tmp_path / "p.pt", tmp_path / "bomb.pt", 48)
+    message = r"bomb\.pt' was refused before it was loaded: its zip entry '.*' is compressed \(method 8\)"
+    refused_within(8 * MiB, lambda: load_pruned(tmp_path / "bomb.pt"), message)
+
+
+_RUNS = r"cannot run on what it receives from an input of the shape that the metadata records"
+
+
+@pytest.mark.parametrize(
+    ("layer", "key", "value", "fails"),
+    [
+        ("pool1", "kernel_size", [9, 9], "pool1"),  # a window larger than its 8 x 8 maps
+        ("pool1", "stride", 10**6, "pool2"),  # its 1 x 1 maps are smaller than pool2's window
+        ("pool2", "dilation", 5, "pool2"),
+        ("conv2", "dilation", [2, 9], "conv2"),  # a kernel reaching 37 across maps of 4 (+ 2 + 2 of padding)
+        ("flatten", "start_dim", 7, "flatten"),
+        ("conv1", "stride", [1, 2], "select_fc1"),  # maps half as wide: half the features fc1's inputs select from
+    ],
+)
+def test_a_layer_that_cannot_run_on_the_recorded_input_is_refused(tmp_path, saved, layer, key, value, fails):
+    """The file records the shape of one example (``metadata["input_shape"]``): every layer of an ``nn.Sequential``
+    must run on what it receives (checked on the meta device). A pooling window of 9 on LeNet-5's 8 x 8 maps loaded,
+    and failed only when the model ran."""
+    state = saved("lenet5")
+    next(d for d in state["layers"] if d["name"] == layer)["args"][key] = value
+    torch.save(state, tmp_path / "tampered.pt")
+    match = rf"tampered\.pt': layer '{fails}' \(\w+\) {_RUNS} \(input_shape \[1, 8, 8\]\): \[\d+(, \d+)*\] per example"
+    with _allocation_guard(), pytest.raises(CheckpointError, match=match):
+        load_pruned(tmp_path / "tampered.pt")
+
+
+_POOL_ARGS = {
+    "MaxPool": {"stride": 1, "padding": 0, "dilation": 1, "ceil_mode": False},
+    "AvgPool": {"stride": 1, "padding": 0, "ceil_mode": False, "count_include_pad": True},
+}
+_POOLS = [f"{kind}Pool{n}d" for kind in ("Max", "Avg") for n in (1, 2, 3)]
+
+
+def _pool_file(tmp_path, kind, shape, **args):
+    layers = [{"name": "pool", "type": kind, "args": {"kernel_size": 2, **_POOL_ARGS[kind[:7]], **args}}]
+    return _sequential_file(tmp_path, layers, {}, metadata={"input_shape": shape})
+
+
+@pytest.mark.parametrize("kind", _POOLS)
+def test_every_pooling_window_must_fit_the_recorded_input(tmp_path, kind):
+    shape = [2] + [4] * _spatial_dims(kind)
+    module, _ = load_pruned(_pool_file(tmp_path, kind, shape, kernel_size=4))  # a window as large as the maps
+    assert module(torch.zeros(2, *shape)).shape == (2, 2, *[1] * (len(shape) - 1))
+    seen = re.escape(str(shape))
+    with pytest.raises(CheckpointError, match=rf"crafted\.pt': layer 'pool' \({kind}\) {_RUNS} .*: {seen} per example"):
+        load_pruned(_pool_file(tmp_path, kind, shape, kernel_size=5))
+
+
+def _spatial_dims(kind):
+    return int(kind[-2])
+
+
+@pytest.mark.parametrize("kind", _POOLS)
+@pytest.mark.parametrize(
+    ("key", "value", "error", "message"),
+    [
+        ("kernel_size", 0, ValueError, r"kernel_size = 0 must be in \[1, 2147483647\]"),
+        ("kernel_size", True, TypeError, r"kernel_size must be an int, got True"),
+        ("kernel_size", [2, 2, 2, 2], ValueError, r"kernel_size must be an int or \d ints, got \[2, 2, 2, 2\]"),
+        ("stride", -1, ValueError, r"stride = -1 must be in \[1, 2147483647\]"),
+        ("stride", 2**31, ValueError, r"stride = 2147483648 must be in \[1, 2147483647\]"),
+        ("padding", 3, ValueError, r"padding \[3(, 3)*\] must be at most half the window"),
+        ("ceil_mode", 1, TypeError, r"ceil_mode must be True or False, got 1"),
+    ],
+)
+def test_a_pooling_argument_of_the_wrong_type_or_range_is_refused(tmp_path, kind, key, value, error, message):
+    path = _pool_file(tmp_path, kind, [2] + [4] * _spatial_dims(kind), **{key: value})
+    with pytest.raises(error, match=rf"crafted\.pt': layer 'pool' \({kind}\): {message}"):
+        load_pruned(path)
+
+
+@pytest.mark.parametrize(
+    ("kind", "output_size", "shape", "error", "message"),
+    [
+        ("AdaptiveAvgPool3d", 1, [4], ValueError, rf"{_RUNS} \(input_shape \[4\]\): \[4\] per example"),
+        ("AdaptiveMaxPool3d", [1, 1, None], [3, 4], ValueError, rf"{_RUNS} \(input_shape \[3, 4\]\)"),
+        ("AdaptiveAvgPool1d", 0, [2, 4], ValueError, r"output_size = 0 must be in \[1, 2147483647\]"),
+        ("AdaptiveMaxPool2d", [2, True], [2, 4, 4], TypeError, r"output_size must be an int, got True"),
+        ("AdaptiveAvgPool3d", [2, 2], [2, 4, 4, 4], ValueError, r"output_size must be an int or 3 ints"),
+    ],
+)
+def test_an_adaptive_pooling_must_fit_the_recorded_input(tmp_path, kind, output_size, shape, error, message):
+    layers = [{"name": "pool", "type": kind, "args": {"output_size": output_size}}]
+    path = _sequential_file(tmp_path, layers, {}, metadata={"input_shape": shape})
+    with pytest.raises(error, match=rf"crafted\.pt': layer 'pool' \({kind}\)(:)? {message}"):
+        load_pruned(path)
+
+
+def test_save_pruned_refuses_a_network_that_cannot_run_on_its_input_shape_before_writing(tmp_path):
+    """What load_pruned refuses is not written: LeNet-5's second pooling window does not fit maps of 3 x 3."""
+    with pytest.raises(ValueError, match=rf"^layer 'pool2' \(MaxPool2d\) {_RUNS} \(input_shape \[1, 3, 3\]\)"):
+        save_pruned(_model("lenet5")[0], tmp_path / "p.pt", {"input_shape": [1, 3, 3]})
+    assert list(tmp_path.iterdir()) == []
+    save_pruned(_model("lenet5")[0], tmp_path / "p.pt", {"input_shape": (1, 8, 8)})  # a tuple, as a torch.Size
+    assert load_pruned(tmp_path / "p.pt")[1]["input_shape"] == (1, 8, 8)
+
+
+@pytest.mark.parametrize(
+    ("shape", "error"),
+    [("1x8x8", TypeError), ([1, 0, 8], ValueError), ([1.0, 8, 8], TypeError), ([], ValueError), ([True], TypeError)],
+)
+def test_a_recorded_input_shape_that_is_no_shape_is_refused(tmp_path, saved, shape, error):
+    wanted = r"metadata\['input_shape'\] must be the shape of one example \(an int or a list of 1 to 63 ints"
+    with pytest.raises(error, match=rf"^{wanted}"):
+        save_pruned(_model("mlp")[0], tmp_path / "p.pt", {"input_shape": shape})
+    state = saved("mlp")
+    state["metadata"]["input_shape"] = shape
+    torch.save(state, tmp_path / "tampered.pt")
+    with pytest.raises(error, match=rf"tampered\.pt': {wanted}"):
+        load_pruned(tmp_path / "tampered.pt")
 
 
 # ------------------------------------------------------------------------------------------------ properties

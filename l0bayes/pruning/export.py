@@ -43,7 +43,7 @@ from torch import nn
 from ..io import CheckpointError, CheckpointTypeError, load_checkpoint, save_checkpoint
 from .build import build_into, build_pruned
 from .describe import describe_modules, describe_pruned
-from .file_checks import check_layers, check_modules, short_repr
+from .file_checks import INT_LIMIT, check_layers, check_modules, short_repr
 
 __all__ = ["load_pruned", "save_pruned"]
 
@@ -103,6 +103,43 @@ def _check_metadata(metadata):
     return dict(metadata)
 
 
+def _example_shape(metadata):
+    """The shape of one example that ``metadata`` records (``"input_shape"``, without the batch dimension), or
+    ``None``; a ``TypeError`` or ``ValueError`` for a value that is no shape."""
+    shape = metadata.get("input_shape")
+    if shape is None:
+        return None
+    sides = [shape] if type(shape) is int else shape
+    wanted = f"the shape of one example (an int or a list of 1 to 63 ints in [1, {INT_LIMIT}]), got {short_repr(shape)}"
+    if not isinstance(sides, (list, tuple)) or any(type(s) is not int for s in sides):
+        raise TypeError(f"metadata['input_shape'] must be {wanted}")
+    if not 1 <= len(sides) <= 63 or not all(1 <= s <= INT_LIMIT for s in sides):
+        raise ValueError(f"metadata['input_shape'] must be {wanted}")
+    return tuple(sides)
+
+
+def _check_shapes(module, shape):
+    """Run the layers of an ``nn.Sequential`` on the meta device (nothing is computed or allocated) on two examples
+    of ``shape``, of the dtype of its first floating-point tensor: a ``ValueError`` names the first layer that cannot
+    run on what it receives (a pooling window or a dilated kernel larger than its padded input, a linear layer's
+    in_features, a dimension to flatten, another dtype)."""
+    tensors = [t for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()]
+    x = torch.empty((2, *shape), device="meta", dtype=tensors[0].dtype if tensors else None)
+    for name, layer in module.named_children():
+        tensors = {key: t.to("meta") for key, t in [*layer.named_parameters(), *layer.named_buffers()]}
+        try:
+            with torch.no_grad():
+                y = torch.func.functional_call(layer, tensors, (x,))
+        except Exception as err:  # noqa: BLE001 - whatever torch raises for a layer that does not fit its input
+            reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+            raise ValueError(
+                f"layer {name!r} ({type(layer).__name__}) cannot run on what it receives from an input of the shape "
+                f"that the metadata records (input_shape {list(shape)}): {list(x.shape[1:])} per example, "
+                f"{str(x.dtype).removeprefix('torch.')} ({reason})"
+            ) from None
+        x = y
+
+
 def save_pruned(module, path, metadata=None):
     """Write a pruned network and ``metadata`` to ``path`` (atomically; see the module docstring).
 
@@ -125,7 +162,9 @@ def save_pruned(module, path, metadata=None):
         ``torch.as_tensor``); naming the layer, for (in an ``nn.Sequential``) a layer outside
         :data:`LAYER_TYPES`.
     :raises ValueError: naming the layer, for one that :func:`load_pruned` would refuse (a name it does not
-        allow, an argument outside its range).
+        allow, an argument outside its range, a layer of an ``nn.Sequential`` that cannot run on an input of the
+        shape ``metadata["input_shape"]`` records); naming ``metadata['input_shape']`` (a ``TypeError`` for a value
+        of the wrong type) when it is not the shape of one example.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be an nn.Module (the output of prune()), got {type(module).__name__}")
@@ -135,6 +174,9 @@ def save_pruned(module, path, metadata=None):
     if isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward:
         state.update(version=VERSION, layers=describe_pruned(module))
         check_layers(state["layers"], state_dict)
+        shape = _example_shape(metadata)
+        if shape is not None:
+            _check_shapes(module, shape)
     else:
         state.update(version=MODULES_VERSION, model_class=type(module).__qualname__, modules=describe_modules(module))
         check_modules(state["modules"], state_dict)
@@ -158,7 +200,10 @@ def load_pruned(path, map_location="cpu", model=None):
     largest tensor; names are found among the modules only. In a pruned transformer, a head count or width
     (:data:`~l0bayes.pruning.describe.PRUNED_ATTRIBUTES`) is at most the fresh model's, and lowered by the same
     share as every resized dimension of the attention's layers; a ``ZeroBranch``'s width is at most the file's
-    widest tensor dimension; a list of blocks is no longer than the model's.
+    widest tensor dimension; a list of blocks is no longer than the model's. Where the metadata records the shape of
+    one example (``"input_shape"``: an int or a list of ints, without the batch dimension), an ``nn.Sequential``'s
+    layers are run on it on the meta device (nothing is computed): each must run on what it receives, e.g. a
+    pooling window or a dilated kernel no larger than its padded input.
 
     :param model: for a file holding a model of your own class: a fresh instance of that class (changed in
         place and returned, once the whole file fits it), or the class or a function without arguments that
@@ -192,6 +237,9 @@ def load_pruned(path, map_location="cpu", model=None):
             if model is not None:
                 raise ValueError("the file holds an nn.Sequential, which loads without model=")
             module = build_pruned(state["layers"], state["state_dict"])
+            shape = _example_shape(metadata)
+            if shape is not None:
+                _check_shapes(module, shape)
         else:
             module = build_into(_fresh(model, state["model_class"]), state["modules"], state["state_dict"])
     except TypeError as err:
