@@ -212,11 +212,11 @@ def test_loop_names_the_first_non_finite_step_and_stops_before_the_epoch_record(
     def step(x, y):  # the objective goes NaN at the 5th step (epoch 2, step 2), then stays so or is refused
         if then == "refused" and run.global_step >= 5:  # as a distribution refuses NaN parameters
             raise ValueError("invalid parameters")
-        loss, value, statistics = inner(x, y)
+        loss, value, statistics, *data = inner(x, y)
         if run.global_step >= 4:
             value = value * float("nan")
         run.finite.observe(value)
-        return loss, value, statistics
+        return loss, value, statistics, *data
 
     run.step = step
 

@@ -43,7 +43,7 @@ def _steps(step, objective, model, batches):
     out = []
     for x, y in batches:
         model.zero_grad(set_to_none=True)
-        loss, value, statistics = step(x, y)
+        loss, value, statistics, *_ = step(x, y)  # (the compiled step also gives the data term)
         value.backward()
         out.append((loss.detach(), value.detach(), [p.grad.clone() for p in model.parameters()]))
         objective.update(statistics.detach() if statistics is not None else None)

@@ -35,10 +35,11 @@ def _batch(n=32, device="cpu", seed=2):
 
 def _one_step(step, model, x, y):
     model.zero_grad(set_to_none=True)
-    loss, value, statistics = step(x, y)
+    loss, value, statistics, *data = step(x, y)
     value.backward()
     grads = [p.grad.clone() for p in model.parameters()]
-    return loss.detach().clone(), value.detach().clone(), statistics, grads
+    data = data[0].detach().clone() if data else None
+    return loss.detach().clone(), value.detach().clone(), statistics, grads, data
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_graphed_step_gives_the_eager_step_and_leaves_the_random_stream(objectiv
     x, y = _batch()
     for seed in (5, 6):  # the first call captures (its warm-up leaves the random stream as it was), then replays
         torch.manual_seed(seed)
-        want = _one_step(eager.step, eager_model, x, y)
+        want = _one_step(eager.step_with_data, eager_model, x, y)
         torch.manual_seed(seed)
         got = _one_step(step, graphed_model, x, y)
         torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
@@ -74,6 +75,7 @@ def test_graphed_step_gives_the_eager_step_and_leaves_the_random_stream(objectiv
             torch.testing.assert_close(got[2], want[2].detach(), rtol=0, atol=0)
         for a, b in zip(got[3], want[3], strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(got[4], want[4], rtol=0, atol=0)  # the data term (the history's train_loss)
     assert step.graphed is True and module_capture == [[(32, 20), (32,)]]
 
 

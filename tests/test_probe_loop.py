@@ -10,6 +10,7 @@ them are the reported ones. The models are tiny and train for a few epochs at mo
 import itertools
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -941,3 +942,67 @@ def test_an_iterable_is_read_once_per_epoch_and_the_teacher_runs_on_trained_exam
             recorded, ids = ids[:1200], ids[1200:]
             assert recorded == first
     assert ids == []
+
+
+class _TinyLM(nn.Module):
+    """A causal language model of 11 tokens: an embedding and a gated output layer."""
+
+    def __init__(self):
+        super().__init__()
+        from l0bayes.nn import L0Linear
+
+        self.embed = nn.Embedding(11, 8)
+        self.head = L0Linear(8, 11)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+
+
+class _TokenLoss:
+    """The causal LM loss (mean cross-entropy per predicted token), noting its value at every training step."""
+
+    def __init__(self):
+        self.values = []
+
+    def __call__(self, logits, ids):
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
+        if torch.is_grad_enabled():
+            self.values.append(float(loss.detach()))
+        return loss
+
+
+@pytest.mark.parametrize("objective", ["penalized", "bayes", "constrained"])
+def test_train_loss_is_the_per_token_loss_of_a_language_model(objective):
+    """The history's train_loss is the mean over the epoch's steps of loss_fn (per token), as the steps computed it;
+    mean_loss stays the objective in nats on the N sequences (N times as large, plus the code cost and KL)."""
+    n, length = 96, 7
+    ids = torch.randint(0, 11, (n, length), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    loss = _TokenLoss()
+    options = {"target_density": 0.5} if objective == "constrained" else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # two epochs: the constrained objective's Lagrangian has not arrived
+        result = train(
+            SparseModel(_TinyLM(), loss, lam=0.01), ids, ids, objective=objective, epochs=2, batch_size=16,
+            progress=False, **options,
+        )  # fmt: skip
+    steps = n // 16
+    assert len(loss.values) == 2 * steps
+    for epoch, record in enumerate(result.history):
+        expected = sum(loss.values[epoch * steps : (epoch + 1) * steps]) / steps
+        assert record["train_loss"] == pytest.approx(expected, rel=1e-6)
+        assert 1.0 < record["train_loss"] < 4.0  # a cross-entropy over 11 tokens, not n times one
+        if objective == "constrained":  # the objective's loss is the data term itself
+            assert record["mean_loss"] == pytest.approx(n * record["train_loss"], rel=1e-6)
+        else:
+            assert record["mean_loss"] > n * record["train_loss"]
+
+
+def test_train_loss_is_none_where_the_elbo_keeps_the_data_term_to_itself():
+    from l0bayes.models import SparseLinearRegression
+
+    x, y = torch.randn(32, 3), torch.randn(32)
+    result = _fit(SparseLinearRegression(3), x, y, objective="bayes")
+    assert result.history[-1]["train_loss"] is None
+    result = _fit(SparseLinearRegression(3), x, y, objective="penalized")  # traced, term by term
+    assert result.history[-1]["train_loss"] > 0

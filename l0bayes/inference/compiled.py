@@ -42,7 +42,8 @@ def requirement_error(model, objective, option="compile=True", why="which torch.
 
 
 class CompiledStep:
-    r"""``objective.step`` compiled with :func:`torch.compile`, for the loop of :func:`~l0bayes.inference.train`.
+    r"""``objective.step_with_data`` (the objective's step and the data term of its loss) compiled with
+    :func:`torch.compile`, for the loop of :func:`~l0bayes.inference.train`.
 
     Before its first compiled call it evaluates the step once eagerly and discards the result, with the
     random number generators and the model's buffers (e.g. batch-norm statistics) saved and restored.
@@ -62,7 +63,7 @@ class CompiledStep:
             raise ValueError(requirement_error(objective.model, objective.name))
         self.objective = objective
         inductor = {"fallback_random": True, **options.pop("options", {})}
-        self._compiled = torch.compile(objective.step, **{"dynamic": False, **options, "options": inductor})
+        self._compiled = torch.compile(objective.step_with_data, **{"dynamic": False, **options, "options": inductor})
         self._warm = False
         self._shapes = set()  # the minibatch shapes this step has compiled (or found) a graph for
 
@@ -85,7 +86,7 @@ class CompiledStep:
         devices = [x.device] if x.device.type == "cuda" else []
         buffers = [(b, b.clone()) for b in self.objective.model.buffers()]
         with torch.random.fork_rng(devices=devices):
-            self.objective.step(x, y)
+            self.objective.step_with_data(x, y)
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)

@@ -33,8 +33,9 @@ GRAPH_REQUIREMENT = {"option": "cuda_graph=True", "why": "which read values back
 
 
 class _Step(torch.nn.Module):
-    """``objective.step`` as a module over the model's parameters, returning tensors only: ``(value, loss,
-    statistics...)``, with only ``value`` differentiable (what the graphed backward starts from)."""
+    """A step (``objective.step_with_data``) as a module over the model's parameters, returning tensors only:
+    ``(value, loss, data term..., statistics...)``, with only ``value`` differentiable (what the graphed backward
+    starts from)."""
 
     def __init__(self, step, model):
         super().__init__()
@@ -42,17 +43,19 @@ class _Step(torch.nn.Module):
         self._step = step  # not a submodule (an objective, a compiled function)
 
     def forward(self, x, y):
-        loss, value, statistics = self._step(x, y)
+        loss, value, statistics, *data = self._step(x, y)
+        data = () if not data or data[0] is None else (data[0].detach(),)
         rest = () if statistics is None else (statistics.detach(),)
-        return (value, loss.detach(), *rest)
+        return (value, loss.detach(), *data, *rest)
 
 
 class GraphedStep:
-    r"""``step(x, y) -> (loss, value, statistics)`` of an objective, captured as CUDA graphs at its first call.
+    r"""``step(x, y) -> (loss, value, statistics)`` of an objective (and the data term, when the step it captures
+    gives one: ``objective.step_with_data``), captured as CUDA graphs at its first call.
 
     :param objective: an :class:`~l0bayes.inference.objectives.Objective` whose model has the fused loss
         (``bayes_loss`` for ``"bayes"``, ``penalized_loss`` otherwise).
-    :param step: the function to capture, ``objective.step`` by default (e.g. a
+    :param step: the function to capture, ``objective.step_with_data`` by default (e.g. a
         :class:`~l0bayes.inference.compiled.CompiledStep` of it).
     :param int warmup: eager iterations before the capture (:func:`torch.cuda.make_graphed_callables`).
     :raises ValueError: when the objective would go through Pyro's traces.
@@ -64,12 +67,13 @@ class GraphedStep:
         if not objective.fused:
             raise ValueError(requirement_error(objective.model, objective.name, **GRAPH_REQUIREMENT))
         self.objective = objective
-        self._eager = objective.step if step is None else step
+        self._eager = objective.step_with_data if step is None else step
         self.warmup = int(warmup)
         self.graphed = None
         self._module = None
         self._signature = None  # (shape, dtype) of x and y at the capture
         self._with_statistics = False
+        self._with_data = False
 
     @staticmethod
     def _signature_of(x, y):
@@ -82,7 +86,8 @@ class GraphedStep:
             return self._eager(x, y)
         out = self._module(x, y)
         value, loss = out[0], out[1]
-        return loss, value, (out[2] if self._with_statistics else None)
+        statistics = out[-1] if self._with_statistics else None
+        return (loss, value, statistics, out[2]) if self._with_data else (loss, value, statistics)
 
     def _capture(self, x, y):
         model = self.objective.model
@@ -94,7 +99,9 @@ class GraphedStep:
                 # gradients: an autograd graph alive during the capture would tie the parameters' gradient
                 # accumulation to this stream, and the capture's backward would wait on it (which breaks it).
                 with torch.no_grad():
-                    self._with_statistics = self._eager(x, y)[2] is not None
+                    first = self._eager(x, y)
+                    self._with_statistics = first[2] is not None
+                    self._with_data = len(first) > 3 and first[3] is not None
                 self._module = capture(module, (x, y), self.warmup)
         except Exception as err:  # e.g. a read back to the host inside the step
             self.graphed = False

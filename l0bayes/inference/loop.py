@@ -85,8 +85,9 @@ class Run:
     :ivar optimizer: its ``torch.optim.Optimizer``.
     :ivar objective: the :class:`~l0bayes.inference.objectives.Objective` (loss and its own state).
     :ivar batches: ``batches(run)`` gives the epoch's ``(x, y)`` minibatches on the device.
-    :ivar step: ``step(x, y) -> (loss, value, statistics)``: the objective on one minibatch, ``value`` the
-        differentiable quantity to minimise, ``statistics`` what the objective's update takes; it hands the
+    :ivar step: ``step(x, y) -> (loss, value, statistics[, data term])``: the objective on one minibatch, ``value``
+        the differentiable quantity to minimise, ``statistics`` what the objective's update takes, and optionally
+        the data term of the loss (``N`` times the minibatch's mean loss per example, or ``None``); it hands the
         objective to ``finite`` (:func:`~l0bayes.inference.train`'s step hands the value averaged over the
         data-parallel ranks, so that every rank stops alike) or raises
         :class:`~l0bayes.inference.NonFiniteLossError` itself.
@@ -118,12 +119,21 @@ class Run:
     callbacks: CallbackList = field(default_factory=CallbackList)
     last_loss: torch.Tensor | None = None
     epoch_loss: torch.Tensor | float = 0.0
+    epoch_data: torch.Tensor | float | None = 0.0
     epoch_steps: int = 0
     finite: FiniteCheck = field(default_factory=FiniteCheck)
 
     def mean_loss(self):
         """The mean training loss of the current epoch (one read from the device)."""
         return float(self.epoch_loss) / max(self.epoch_steps, 1)
+
+    def mean_data_loss(self):
+        """The mean over the current epoch's steps of the data term per training example (``nll / N``: the mean of a
+        :class:`~l0bayes.models.SparseModel`'s ``loss_fn``, e.g. a language model's loss per token), or ``None``
+        where a step did not give its data term."""
+        if self.epoch_data is None or self.epoch_steps == 0:
+            return None
+        return float(self.epoch_data) / self.epoch_steps / self.num_data
 
 
 def fit(run, callbacks=None):
@@ -149,13 +159,13 @@ def fit(run, callbacks=None):
 def _epochs(run, hooks):
     while run.epoch < run.epochs and not run.stop:
         run.model.train()
-        run.epoch_loss, run.epoch_steps = 0.0, 0
+        run.epoch_loss, run.epoch_data, run.epoch_steps = 0.0, 0.0, 0
         hooks.on_epoch_start(run)
         run.objective.start_epoch(run.epoch, run.epochs)
         for x, y in run.batches(run):
             run.optimizer.zero_grad(set_to_none=True)
             try:
-                loss, value, statistics = run.step(x, y)
+                loss, value, statistics, *data = run.step(x, y)
             except NonFiniteLossError as err:
                 _read_finite(run)  # an earlier non-finite objective not read yet is the cause: name that one
                 _nonfinite(run, err, run.epoch_steps + 1)
@@ -167,6 +177,8 @@ def _epochs(run, hooks):
             run.objective.update(statistics)
             run.last_loss = loss.detach()
             run.epoch_loss = run.epoch_loss + run.last_loss.double()
+            data = data[0] if data else None
+            run.epoch_data = None if data is None or run.epoch_data is None else run.epoch_data + data.detach().double()
             run.epoch_steps += 1
             run.global_step += 1
             if run.finite.due(run.epoch_steps):

@@ -338,7 +338,7 @@ def _build_run(model, x, y, a, ddp):
     objective = make_objective(a["objective"], model, batches.num_data, multiplier_lr=multiplier_lr, **constrained)
     # A host read of the objective every step stalls an accelerator: there the flag is read every so often.
     finite = FiniteCheck(1 if ddp.device.type == "cpu" else ACCELERATOR_CHECK_EVERY)
-    step_function = CompiledStep(objective) if a["compile"] else objective.step
+    step_function = CompiledStep(objective) if a["compile"] else objective.step_with_data
     if a["cuda_graph"]:
         step_function = GraphedStep(objective, step_function)
     step = _step(ddp.wrap(model), step_function, ddp, finite)
@@ -351,16 +351,16 @@ def _build_run(model, x, y, a, ddp):
 
 
 def _step(step_objective, step_function, ddp, finite):
-    """One minibatch's ``(loss, value, statistics)``: the objective (inside DDP when data-parallel), with the
-    loss and statistics averaged over the ranks, and the objective's mean handed to ``finite`` (a
+    """One minibatch's ``(loss, value, statistics, data term)``: the objective (inside DDP when data-parallel), with
+    the loss, statistics and data term averaged over the ranks, and the objective's mean handed to ``finite`` (a
     :class:`~l0bayes.inference.loop.FiniteCheck`), so that a non-finite one stops every rank alike."""
 
     def step(x, y):
-        loss, value, statistics = step_objective(step_function, x, y)
+        loss, value, statistics, *data = step_objective(step_function, x, y)
         # Means over the ranks (one all-reduce): the global-batch values, identical on every rank.
-        loss_mean, value_mean, statistics = ddp.mean(loss, value, statistics)
+        loss_mean, value_mean, statistics, data = ddp.mean(loss, value, statistics, data[0] if data else None)
         finite.observe(value_mean)
-        return loss_mean, value, statistics
+        return loss_mean, value, statistics, data
 
     return step
 

@@ -49,6 +49,7 @@ class History(Callback):
         if not run.is_main:
             return
         record["mean_loss"] = run.mean_loss()
+        record["train_loss"] = run.mean_data_loss()
         record["wall_s"] = time.perf_counter() - self.start
         record.setdefault("lr", [float(g["lr"]) for g in run.optimizer.param_groups])
         full = (run.epoch + 1) % self.record_every == 0 or run.epoch + 1 == run.epochs

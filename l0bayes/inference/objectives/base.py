@@ -40,8 +40,19 @@ class Objective:
         return None
 
     def step(self, x, y):
-        """``(loss in nats, differentiable per-example objective, step statistics or None)`` on a minibatch."""
-        raise NotImplementedError
+        """``(loss in nats, differentiable per-example objective, step statistics or None)`` on a minibatch.
+
+        A subclass defines this or :meth:`step_with_data`."""
+        if type(self).step_with_data is Objective.step_with_data:
+            raise NotImplementedError
+        return self.step_with_data(x, y)[:3]
+
+    def step_with_data(self, x, y):
+        """:meth:`step` and the data term of its loss: the ``nll`` (:math:`N` times the minibatch's mean loss per
+        example, e.g. a language model's loss per token, without what the objective adds to it), or ``None`` where
+        it is not known apart (Pyro's ELBO). What :func:`~l0bayes.inference.train` steps (the history's
+        ``train_loss``)."""
+        return (*self.step(x, y), None)
 
     def update(self, statistics):
         """After the optimiser's step, with the step statistics averaged over ranks."""

@@ -25,9 +25,11 @@ class BayesObjective(Objective):
     def fused(self):
         return self.elbo is None
 
-    def step(self, x, y):
+    def step_with_data(self, x, y):
+        nll = None
         if self.elbo is None:
-            loss = sum(self.model.bayes_loss(x, y, self.num_data))
+            nll, gate_kl, code_cost = self.model.bayes_loss(x, y, self.num_data)
+            loss = nll + gate_kl + code_cost
         else:
             loss = pyro_loss(self.elbo.differentiable_loss, self.model, x, y, self.num_data)
-        return loss, loss / self.num_data, None
+        return loss, loss / self.num_data, None, nll

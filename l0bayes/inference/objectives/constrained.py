@@ -195,14 +195,14 @@ class ConstrainedObjective(Objective):
         return self.size.fraction(what or self.what, "test", self.per_layer if per_layer is None else per_layer)
 
     # ------------------------------------------------------------------ phase 1
-    def step(self, x, y):
+    def step_with_data(self, x, y):
         if self.fused:
             nll, _ = self.model.penalized_loss(x, y, self.num_data)
         else:
             nll = traced_free_energy(self.model, x, y, self.num_data).nll
         violation = self.expected().to(nll.dtype) - self.targets.to(nll.dtype)
         value = nll / self.num_data + (self.mu.to(nll.dtype) * violation).sum()
-        return nll, value, violation
+        return nll, value, violation, nll
 
     @torch.no_grad()
     def update(self, violation):

@@ -10,10 +10,11 @@ class PenalizedObjective(Objective):
 
     name = "penalized"
 
-    def step(self, x, y):
+    def step_with_data(self, x, y):
         if self.fused:
             nll, cost = self.model.penalized_loss(x, y, self.num_data)
             loss = nll + cost
         else:
-            loss = traced_free_energy(self.model, x, y, self.num_data).total
-        return loss, loss / self.num_data, None
+            terms = traced_free_energy(self.model, x, y, self.num_data)
+            loss, nll = terms.total, terms.nll
+        return loss, loss / self.num_data, None, nll
