@@ -76,6 +76,11 @@ def _model(family, heads=4, kv_heads=2, head_dim=4, layers=2, units=12, seed=0, 
             vocab_size=VOCAB, n_positions=T, n_embd=hidden, n_layer=layers, n_head=heads, n_inner=units
         )
         model = transformers.GPT2LMHeadModel(config)
+    elif family == "distilbert":
+        config = transformers.DistilBertConfig(
+            vocab_size=VOCAB, dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=units, max_position_embeddings=T
+        )
+        model = transformers.DistilBertModel(config)
     else:
         config = transformers.BertConfig(
             vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -169,6 +174,61 @@ def test_fixed_architecture_is_reached_exactly_and_uniformly(examples):
             assert layer.mlp.down_proj.in_features == units
         with torch.no_grad():
             a, b = _out(gated, _ids(2, 5)), _out(pruned, _ids(2, 5))
+        assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+
+    prop()
+
+
+class _Wrapped(nn.Module):
+    """A Hugging Face model inside a module of your own."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        return self.lm(ids)
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_save_pretrained_round_trips_or_refuses_saying_why(examples):
+    """Whatever the gates (random, or fixed to the same sizes in every block), alone or inside a module of your
+    own: the pruned Hugging Face model's config describes it and save_pretrained / from_pretrained rebuild it with
+    the gated model's outputs, or prune warns and its save_pretrained raises a ValueError naming save_pruned and
+    what the config describes, writing nothing."""
+    import tempfile
+    from pathlib import Path
+
+    @_profile(examples)
+    @given(
+        family=st.sampled_from((*FAMILIES, "distilbert")),
+        seed=st.integers(0, 2**16),
+        p_closed=st.sampled_from([0.0, 0.3]),
+        uniform=st.one_of(st.none(), st.tuples(st.sampled_from([2, 4]), st.integers(1, 12))),
+        wrap=st.booleans(),
+    )
+    def prop(family, seed, p_closed, uniform, wrap):
+        model = _model(family, seed=seed)
+        gated = sparsify_transformer(_Wrapped(model) if wrap else model, example_inputs=_ids())
+        _set_gates(gated, seed, p_closed)
+        if uniform is not None:
+            fix_architecture(gated, num_attention_heads=uniform[0], intermediate_size=uniform[1])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pruned = prune(gated.eval())
+        hf = pruned.lm if wrap else pruned
+        refused = [w for w in caught if "keeps its original config" in str(w.message)]
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "model"
+            if refused:
+                with pytest.raises(ValueError, match="save_pretrained: .*save_pruned.* describes the same sizes"):
+                    hf.save_pretrained(folder)
+                assert not folder.exists()
+                return
+            hf.save_pretrained(folder)
+            loaded = type(hf).from_pretrained(folder, **({"add_pooling_layer": False} if family == "bert" else {}))
+        with torch.no_grad():
+            a, b = _out(gated, _ids(2, 5)), _out(loaded.eval(), _ids(2, 5))
         assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
 
     prop()

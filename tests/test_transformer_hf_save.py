@@ -179,6 +179,24 @@ def test_a_uniform_pruned_model_round_trips_for_every_family(tmp_path, family):
         assert _close(_out(gated, ids), _out(loaded, ids))
 
 
+def test_every_block_removed_still_round_trips(tmp_path):
+    """Every block gate closed (may_remove_all=True): the config says no layers, and from_pretrained rebuilds the
+    model with the gated model's logits."""
+    gated = sparsify_transformer(_llama(), example_inputs=_ids(), depth=True, may_remove_all=True)
+    for layer in gated.model.layers:
+        with torch.no_grad():
+            layer.l0_block.gate.log_alpha.fill_(-50.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pruned = prune(gated.eval())
+    assert len(pruned.model.layers) == 0 and pruned.config.num_hidden_layers == 0
+    pruned.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = _ids(2, seed=3)
+    with torch.no_grad():
+        assert _close(gated(ids).logits, loaded(ids).logits)
+
+
 # ------------------------------------------------------------------------- a config that cannot describe it
 
 

@@ -115,12 +115,12 @@ def update_config(plain, resolved, removed=None):
     without a Hugging Face config are left as they are.
     """
     for prefix, hf in hf_models(plain):
-        inner = [r for r in resolved if _inside(r.name, prefix)]
-        if inner:
-            lists = {k: v for k, v in (removed or {}).items() if _inside(k, prefix)}
+        inner = [r for r in resolved if _inside(r.name, prefix)]  # its kept blocks
+        lists = {k: v for k, v in (removed or {}).items() if _inside(k, prefix)}
+        if inner or lists:
             why = _update(plain, hf, inner, lists)
             if why is not None:
-                _cannot(hf, why, _describable(hf, inner[0], prefix))
+                _cannot(hf, why, _describable(hf, inner[0], prefix) if inner else "")
         clear_quantization(hf)
 
 
@@ -250,19 +250,20 @@ class _RefusedSave:
 
 
 def _cannot(hf, why, describable):
+    """Warn that ``hf`` keeps its config (``why``), and make its ``save_pretrained`` raise saying so."""
     name, why = type(hf).__name__, why.rstrip(".")
+    way_out = f" or torch.export, or prune to what its config describes: {describable}" if describable else ""
     refusal = _RefusedSave(
         f"save_pretrained: this pruned {name} keeps its original config, which does not describe it ({why}), so "
         "from_pretrained could not load the folder. Save it with l0bayes.pruning.save_pruned (load_pruned "
-        f"rebuilds it in a fresh {name}) or torch.export, or prune to what its config describes: {describable}"
+        f"rebuilds it in a fresh {name}){way_out}"
     )
     for m in hf.modules():  # the model and the Hugging Face models inside it (LlamaForCausalLM.model)
         if _is_hf(m) and m.config is hf.config and callable(getattr(m, "save_pretrained", None)):
             m.save_pretrained = refusal
     warn(
         f"the pruned {name} keeps its original config ({why}): its save_pretrained raises, as from_pretrained "
-        f"could not rebuild it. Save it with l0bayes.pruning.save_pruned or torch.export, or prune to what its "
-        f"config describes: {describable}"
+        f"could not rebuild it. Save it with l0bayes.pruning.save_pruned{way_out}"
     )
 
 
