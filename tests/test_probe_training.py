@@ -12,12 +12,14 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from l0bayes.cli.arguments import _seed as parse_seed
 from l0bayes.inference import NonFiniteLossError, clipped, train
-from l0bayes.models import SparseClassifier, SparseLinearRegression
+from l0bayes.inference.callbacks import Callback
+from l0bayes.models import SparseClassifier, SparseLinearRegression, SparseModel
 from l0bayes.nn import L0MLP
 
 #: Examples per property: the default run, and the ``slow`` profile.
@@ -349,3 +351,48 @@ def test_clipping_twice_or_a_factory_that_returns_no_optimiser_is_named():
         _fit(_model("classifier"), x, y, optimizer=clipped(sgd, 2.0))
     with pytest.raises(TypeError, match=r"^optimizer= must return a torch.optim.Optimizer, got list"):
         _fit(_model("classifier"), x, y, optimizer=clipped(lambda m: list(m.parameters()), 1.0))
+
+
+# ------------------------------------------------------------------------------------ a loss model's held-out data
+class _Steps(Callback):
+    def __init__(self):
+        self.steps = 0
+
+    def on_step_end(self, run):
+        self.steps += 1
+
+
+def _loss_model():
+    torch.manual_seed(0)
+    return SparseModel(L0MLP(4, (3,), 3), F.cross_entropy)
+
+
+@pytest.mark.parametrize("name", ["validation_data", "test_data"])
+@pytest.mark.parametrize("kind", ["tensors", "batches"])
+@pytest.mark.parametrize("bad_rows", ["all", "later"])
+def test_held_out_labels_a_loss_model_cannot_take_name_the_argument(name, kind, bad_rows):
+    """A SparseModel's held-out labels beyond its outputs are a ValueError naming the argument and the batch (not
+    torch's IndexError): before the first step when the first batch has them, at the first record otherwise."""
+    x, y = _data("classifier", 32)
+    xv, yv = _data("classifier", 24, seed=1)
+    yv = yv.clone()
+    if bad_rows == "all":
+        yv += 5
+    else:
+        yv[20] = 7  # in the third batch of 8 rows
+    held_out = (xv, yv) if kind == "tensors" else [(xv[i : i + 8], yv[i : i + 8]) for i in range(0, 24, 8)]
+    steps = _Steps()
+    batch = 1 if bad_rows == "all" else 3
+    message = rf"^batch {batch} of {name}: the model's loss_fn raised IndexError \(Target \d+ is out of bounds.\); "
+    with pytest.raises(ValueError, match=message):
+        _fit(_loss_model(), x, y, batch_size=8, callbacks=[steps], **{name: held_out})
+    assert steps.steps == (0 if bad_rows == "all" else 4)
+
+
+def test_checking_held_out_data_at_the_start_leaves_the_training_draws():
+    x, y = _data("classifier", 32)
+    plain, checked = _loss_model(), _loss_model()
+    a = _fit(plain, x, y, batch_size=8)
+    b = _fit(checked, x, y, batch_size=8, validation_data=_data("classifier", 24, seed=1))
+    _assert_same_run(plain, a, checked, b)
+    assert b.history[-1]["validation_loss"] > 0

@@ -27,6 +27,7 @@ from .callbacks import (
     ParameterAveraging,
     ProgressBar,
 )
+from .callbacks.records import check_held_out
 from .compiled import CompiledStep
 from .data_checks import DataCheck, check_data
 from .distributed import DataParallelContext, seed_everything
@@ -155,7 +156,10 @@ def train(
         :class:`~l0bayes.inference.callbacks.EarlyStopping` monitors it by default. An iterator (a generator),
         which one evaluation would use up, is refused for both; pass a list of batches or a ``DataLoader``. Each
         batch is checked against the model as it is read, like the training batches (the error names the batch);
-        numpy arrays are a ``TypeError``, as for ``x`` and ``y``: convert them with ``torch.from_numpy``.
+        numpy arrays are a ``TypeError``, as for ``x`` and ``y``: convert them with ``torch.from_numpy``. For a
+        model with its own loss (:class:`~l0bayes.models.SparseModel`), whose labels only its ``loss_fn`` knows,
+        the first batch of each is evaluated before training, and a ``loss_fn`` that fails on a batch (e.g. labels
+        beyond the model's outputs) is a ``ValueError`` naming the batch and the argument.
     :param checkpoint: path of a checkpoint written at the end of every epoch; with ``resume=True``
         training continues from it exactly (same next steps, bit for bit, on the same machine). The
         checkpoint stores the objective, learning rate, batch size and a fingerprint of the data; resuming
@@ -279,6 +283,9 @@ def _fit(model, x, y, arguments, ddp):
     checkpointing = Checkpointing(path, ddp, settings) if path is not None else None
     run.callbacks = _callbacks(run, arguments, checkpointing, subset)
     run.callbacks.setup(run)
+    for held_out in ("validation_data", "test_data"):  # targets a model's own loss cannot take: named now
+        if arguments[held_out] is not None:
+            check_held_out(run, arguments[held_out], held_out)
     if arguments["resume"]:
         _restore(run, checkpointing, arguments)
     return fit(run)

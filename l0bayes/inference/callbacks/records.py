@@ -15,7 +15,7 @@ from ..batches import EVALUATION_BATCH, held_out_batches, random_state_kept
 from ..free_energy import FreeEnergy, free_energy
 from .base import Callback
 
-__all__ = ["History", "VALIDATION_METRICS", "full_record"]
+__all__ = ["History", "VALIDATION_METRICS", "check_held_out", "full_record"]
 
 #: The record entries of the validation data's metric, one per kind of model (the others are ``None`` or absent).
 VALIDATION_METRICS = ("validation_error", "validation_rmse", "validation_loss")
@@ -86,7 +86,7 @@ def _full_record(run, train_subset, test_data, input_shape, validation_data):
     record["expected_l0"] = float(sum(g.expected_l0().detach() for _, g in gates))  # 0 without gates (PlainModel)
     record["active_gates"] = [int(g.active().sum()) for _, g in gates]
     if validation_data is not None:  # test_metrics' names, "validation_" for "test_"
-        metrics = test_metrics(model, validation_data, device, rows)
+        metrics = test_metrics(model, validation_data, device, rows, "validation_data")
         record.update({"validation_" + k.removeprefix("test_"): v for k, v in metrics.items()})
     if test_data is not None:
         record.update(test_metrics(model, test_data, device, rows))
@@ -142,11 +142,24 @@ def _free_energy_terms(model, x, y, num_data, kl):
     return FreeEnergy(nll=nll, gate_kl=zero if gate_kl is None else gate_kl, other_kl=zero, code_cost=code_cost)
 
 
-def test_metrics(model, test_data, device, rows=None):
+def check_held_out(run, data, name):
+    """Evaluate the first batch of held-out ``data`` (``name``: ``"validation_data"`` or ``"test_data"``) of a model
+    with its own loss, before training: targets its ``loss_fn`` cannot take (e.g. labels beyond the model's outputs)
+    are then a ``ValueError`` naming ``name`` at once, not at the end of the first epoch. (A classifier's labels are
+    checked against its classes as the data are read.) Tensors are read one training minibatch's rows at a time
+    (one row where that is not known yet), an iterable in its own batches; the random states are kept."""
+    if getattr(run.model, "test_metric", None) != "test_loss":
+        return
+    with random_state_kept(run.device):
+        test_metrics(run.model, data, run.device, run.batches.record_rows() or 1, name, limit=1)
+
+
+def test_metrics(model, test_data, device, rows=None, name="test_data", limit=None):
     """``test_error`` of a classifier (and of a logistic regression: the sign of its logit), ``test_rmse`` of a
     Gaussian linear regression, ``test_loss`` of a model with its own loss function (the mean over the test
     examples), at test time (Eq. 13 gates). Held-out tensors are read ``rows`` at a time (by default
-    :data:`~l0bayes.inference.batches.EVALUATION_BATCH`); an iterable in its own batches."""
+    :data:`~l0bayes.inference.batches.EVALUATION_BATCH`); an iterable in its own batches (the first ``limit``).
+    A ``loss_fn`` that fails on a batch is a ``ValueError`` naming the batch of ``name``."""
     was_training = model.training
     model.eval()
     wrong = count = 0
@@ -154,12 +167,14 @@ def test_metrics(model, test_data, device, rows=None):
     kind = None
     try:
         with torch.no_grad():
-            for xb, yb in held_out_batches(test_data, rows or EVALUATION_BATCH):
+            for index, (xb, yb) in enumerate(held_out_batches(test_data, rows or EVALUATION_BATCH), 1):
+                if limit is not None and index > limit:
+                    break
                 xb, yb = xb.to(device), yb.to(device)
                 metric = getattr(model, "test_metric", None)
                 if metric == "test_loss":
                     kind = "test_loss"
-                    loss_sum += float(model.loss_fn(model(xb), yb)) * xb.shape[0]
+                    loss_sum += _held_out_loss(model, model(xb), yb, f"batch {index} of {name}") * xb.shape[0]
                 elif hasattr(model, "noise_scale") and hasattr(model, "coefficients") and yb.is_floating_point():
                     kind = "test_rmse"
                     squared += float(((xb @ model.coefficients() + model.bias - yb) ** 2).sum())
@@ -181,3 +196,17 @@ def test_metrics(model, test_data, device, rows=None):
     if kind == "test_rmse":  # (a regression has no error rate)
         return {"test_error": None, "test_rmse": (squared / count) ** 0.5}
     return {"test_error": wrong / count}
+
+
+def _held_out_loss(model, output, y, where):
+    """``loss_fn(output, y)`` of held-out data as a float, or a ``ValueError`` naming ``where`` when it fails."""
+    try:
+        return float(model.loss_fn(output, y))
+    except torch.cuda.OutOfMemoryError:  # (torch.OutOfMemoryError from torch 2.5 on)
+        raise
+    except (IndexError, ValueError, RuntimeError, TypeError) as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ValueError(
+            f"{where}: the model's loss_fn raised {type(err).__name__} ({first}); check that its targets are what "
+            "loss_fn takes, e.g. class labels within the model's outputs"
+        ) from err
