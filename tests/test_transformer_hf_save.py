@@ -221,6 +221,23 @@ def test_a_default_gated_gpt2_refuses_save_pretrained_saying_what_its_config_des
         assert _close(_out(pruned, ids), _out(reloaded, ids))
 
 
+def test_a_refused_model_pruned_again_to_what_its_config_describes_saves(tmp_path):
+    """A GPT-2 whose blocks keep different MLP widths (its save_pretrained refused), gated and pruned again to the
+    same width in every block: its config describes it, and its save_pretrained saves again."""
+    gated = fix_architecture(sparsify_transformer(_family("gpt2")[0], example_inputs=_ids()), num_attention_heads=4)
+    with torch.no_grad():
+        gated.transformer.h[0].l0_units.gate.log_alpha[:10] = -50.0
+    with pytest.warns(UserWarning, match="keeps its original config"):
+        pruned = prune(gated.eval())
+    gated = sparsify_transformer(pruned, example_inputs=_ids())
+    fix_architecture(gated, num_attention_heads=4, intermediate_size=30)
+    again = prune(gated.eval())
+    again.save_pretrained(tmp_path)
+    loaded = type(again).from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert _close(gated(_ids()).logits, loaded(_ids()).logits)
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_refusal_says_truly_whether_the_config_describes_fewer_heads(tmp_path, family):
     """A closed MLP branch: the config cannot describe the model, the refusal says whether the family's config

@@ -150,6 +150,9 @@ def _update(plain, hf, resolved, removed):
     if why is not None:
         return why
     _set_config(hf, config)
+    for m in hf.modules():  # (a model pruned before, its save_pretrained refused, now described)
+        if isinstance(m.__dict__.get("save_pretrained"), _RefusedSave):
+            del m.__dict__["save_pretrained"]
     return None
 
 
