@@ -28,7 +28,7 @@ __all__ = ["OBJECT_ALLOWANCE", "check_archive"]
 OBJECT_ALLOWANCE = 64 * 2**20
 
 _LOCAL, _CENTRAL, _END, _LOCATOR64, _END64 = b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06", b"PK\x06\x07", b"PK\x06\x06"
-_FULL16, _FULL32 = 0xFFFF, 0xFFFFFFFF
+_FULL32 = 0xFFFFFFFF
 
 
 def check_archive(f, size):
@@ -37,8 +37,8 @@ def check_archive(f, size):
     :param f: the file, open for reading in binary mode; read from any position, left at an unspecified one.
     :param int size: its size in bytes.
     :raises ValueError: whose message completes "checkpoint <path> ...": "is truncated or corrupt (...)" for a
-        file that is not a zip archive as ``torch.save`` writes it, "was refused: ..." for one that declares more
-        than it holds.
+        file that is not a zip archive as ``torch.save`` writes it, "was refused before it was loaded: ..." for
+        one that declares more than it holds or whose pickle would build too much.
     """
     f.seek(0)
     if f.read(4) != _LOCAL:
@@ -184,8 +184,9 @@ class _Value:
 # an item copied into a dict or set, a tensor or storage with its C++ parts, an entry of the unpickler's memo.
 _SLOT, _SMALL, _LIST, _DICT, _SET, _ITEM, _TENSOR, _MEMO = 48, 48, 72, 160, 232, 128, 640, 64
 _EMPTY = {0x5D: ("list", _LIST), 0x7D: ("dict", _DICT), 0x8F: ("set", _SET)}
-_NONE, _TRUE, _FALSE, _SMALL_INT = _Value("none"), _Value("bool"), _Value("bool"), _Value("int")
-_EMPTY_TUPLE = _Value("tuple", 0, items=())
+_CONSTANTS = {0x4B: _Value("number"), 0x4E: _Value("none"), 0x88: _Value("bool"), 0x89: _Value("bool")}
+_CONSTANTS[0x29] = _Value("tuple", 0, items=())  # EMPTY_TUPLE
+_NUMBER_BYTES = {0x4A: 4, 0x4D: 2, 0x47: 8}
 _TENSOR_CALLS = {
     "torch._utils._rebuild_tensor_v2",
     "torch._utils._rebuild_tensor_v3",
@@ -199,132 +200,130 @@ def _walk_pickle(data, budget, size):
     """Walk the opcodes of ``data`` as ``torch.load``'s restricted unpickler would run them, counting what its
     objects take; refuse calls ``torch.save`` does not write and a total above ``budget`` bytes. Returns the
     total."""
+    try:
+        return _walk(data, budget, size)
+    except (IndexError, KeyError, struct.error):  # read past the end, an empty stack, a mark or memo entry missing
+        raise _corrupt("its pickle is cut short, or takes what it did not put") from None
+
+
+def _walk(data, budget, size):
     stack, marks, memo = [], [], {}
+    push = stack.append
     at, end, cost = 0, len(data), 0
-
-    def take(n):
-        nonlocal at
-        if at + n > end:
-            raise _corrupt("its pickle is cut short")
-        at += n
-        return data[at - n : at]
-
-    def pop():
-        if not stack:
-            raise _corrupt("its pickle takes from an empty stack")
-        return stack.pop()
-
-    def pop_mark():
-        nonlocal stack
-        if not marks:
-            raise _corrupt("its pickle closes a mark it did not open")
-        items, stack = stack, marks.pop()
-        return items
-
-    def line():
-        nonlocal at
-        stop = data.find(b"\n", at)
-        stop = end - 1 if stop < 0 else stop
-        text, at = data[at:stop], stop + 1
-        return text.decode("utf-8", "replace")
-
+    unpack_from = struct.unpack_from
     while True:
-        if at >= end:
-            raise _corrupt("its pickle ends before its STOP")
         op = data[at]
         at += 1
-        if op == 0x2E:  # STOP
-            pop()
-            return cost
-        if op == 0x80:  # PROTO
-            take(1)
-        elif op == 0x63:  # GLOBAL
-            module, name = line(), line()
-            module = "builtins" if module == "__builtin__" else module
-            stack.append(_Value("global", text=f"{module}.{name}"))
+        if op == 0x71:  # BINPUT (at most 256 entries)
+            memo[data[at]] = stack[-1]
+            at += 1
+            continue
+        if op == 0x68:  # BINGET
+            push(memo[data[at]])
+            at += 1
             cost += _SLOT
-        elif op in (0x52, 0x81):  # REDUCE, NEWOBJ
-            args = pop()
-            func = stack[-1] if op == 0x52 else pop()
-            if not stack and op == 0x52:
-                raise _corrupt("its pickle takes from an empty stack")
-            value, taken = _call(func, args)
-            cost += taken
-            if op == 0x52:
-                stack[-1] = value
+        elif op == 0x72 or op == 0x6A:  # LONG_BINPUT, LONG_BINGET
+            (key,) = unpack_from("<I", data, at)
+            at += 4
+            if op == 0x72:
+                cost += 0 if key in memo else _MEMO
+                memo[key] = stack[-1]
             else:
-                stack.append(value)
-        elif op == 0x62:  # BUILD
-            state = pop()
-            if not stack:
-                raise _corrupt("its pickle takes from an empty stack")
-            cost += _TENSOR + _ITEM * state.length
-        elif op in (0x61, 0x65):  # APPEND, APPENDS
-            items = [pop()] if op == 0x61 else pop_mark()
-            if not stack or stack[-1].kind != "list":
-                raise _corrupt("its pickle appends to something other than a list")
-            stack[-1].length += len(items)
-        elif op in (0x73, 0x75):  # SETITEM, SETITEMS
-            items = [pop(), pop()] if op == 0x73 else pop_mark()
-            if not stack or stack[-1].kind != "dict":
-                raise _corrupt("its pickle sets an item of something other than a dict")
-            stack[-1].length += len(items) // 2
+                push(memo[key])
+                cost += _SLOT
+        elif op == 0x58 or op == 0x55:  # BINUNICODE, SHORT_BINSTRING
+            if op == 0x58:
+                (n,) = unpack_from("<I", data, at)
+                at += 4
+            else:
+                n = data[at]
+                at += 1
+            if at + n > end:
+                raise IndexError
+            try:
+                text = data[at : at + n].decode("utf-8", "surrogatepass") if n <= 64 else None
+            except UnicodeDecodeError:
+                raise _corrupt("its pickle holds a string that is not UTF-8") from None
+            at += n
+            push(_Value("str", n, text=text))
+            cost += _SLOT + _SMALL + 4 * n  # a single wide character makes every character 4 bytes
         elif op == 0x28:  # MARK
             marks.append(stack)
             stack = []
+            push = stack.append
             cost += _SLOT + _SMALL
-        elif op == 0x74:  # TUPLE
-            items = pop_mark()
-            stack.append(_Value("tuple", len(items), items=tuple(items) if len(items) <= 8 else None))
-            cost += _SLOT + 8 * len(items)
-        elif op in (0x85, 0x86, 0x87):  # TUPLE1, TUPLE2, TUPLE3
-            n = op - 0x84
-            if len(stack) < n:
-                raise _corrupt("its pickle takes from an empty stack")
-            items = tuple(stack[-n:])
-            del stack[-n:]
-            stack.append(_Value("tuple", n, items=items))
-            cost += _SLOT + 8 * n
-        elif op in (0x4E, 0x88, 0x89, 0x29, 0x4B):  # NONE, NEWTRUE, NEWFALSE, EMPTY_TUPLE, BININT1
-            if op == 0x4B:
-                take(1)
-            stack.append({0x4E: _NONE, 0x88: _TRUE, 0x89: _FALSE, 0x29: _EMPTY_TUPLE, 0x4B: _SMALL_INT}[op])
+        elif op == 0x4B or op == 0x4E or op == 0x88 or op == 0x89 or op == 0x29:  # BININT1, NONE, bools, ()
+            at += op == 0x4B
+            push(_CONSTANTS[op])
             cost += _SLOT
-        elif op in (0x5D, 0x7D, 0x8F):  # EMPTY_LIST, EMPTY_DICT, EMPTY_SET
-            kind, taken = _EMPTY[op]
-            stack.append(_Value(kind))
-            cost += _SLOT + taken
-        elif op in (0x4A, 0x4D, 0x47, 0x8A):  # BININT, BININT2, BINFLOAT, LONG1
-            n = {0x4A: 4, 0x4D: 2, 0x47: 8}.get(op) or take(1)[0]
-            take(n)
-            stack.append(_Value("number"))
+        elif op == 0x4A or op == 0x4D or op == 0x47 or op == 0x8A:  # BININT, BININT2, BINFLOAT, LONG1
+            n = _NUMBER_BYTES[op] if op != 0x8A else 1 + data[at]
+            at += n
+            if at > end:
+                raise IndexError
+            push(_Value("number"))
             cost += _SLOT + _SMALL + n
-        elif op in (0x58, 0x55):  # BINUNICODE, SHORT_BINSTRING
-            n = struct.unpack("<I", take(4))[0] if op == 0x58 else take(1)[0]
-            raw = take(n)
-            try:
-                text = raw.decode("utf-8", "surrogatepass") if n <= 64 else None
-            except UnicodeDecodeError:
-                raise _corrupt("its pickle holds a string that is not UTF-8") from None
-            stack.append(_Value("str", n, text=text))
-            cost += _SLOT + _SMALL + 4 * n  # a single wide character makes every character 4 bytes
+        elif op == 0x74 or op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE, TUPLE1, TUPLE2, TUPLE3
+            if op == 0x74:
+                items, stack = stack, marks.pop()
+                push = stack.append
+            else:
+                n = op - 0x84
+                if len(stack) < n:
+                    raise IndexError
+                items = stack[-n:]
+                del stack[-n:]
+            push(_Value("tuple", len(items), items=tuple(items) if len(items) <= 8 else None))
+            cost += _SLOT + 8 * len(items)
+        elif op == 0x52 or op == 0x81:  # REDUCE, NEWOBJ
+            args = stack.pop()
+            func = stack.pop()
+            value, taken = _call(func, args)
+            push(value)
+            cost += taken
+        elif op == 0x73 or op == 0x75 or op == 0x61 or op == 0x65:  # SETITEM, SETITEMS, APPEND, APPENDS
+            if op == 0x73 or op == 0x61:
+                n = 2 if op == 0x73 else 1
+                if len(stack) < n + 1:
+                    raise IndexError
+                del stack[-n:]
+            else:
+                items, stack = stack, marks.pop()
+                push = stack.append
+                n = len(items)
+            target, setting = stack[-1], op == 0x73 or op == 0x75
+            if target.kind not in (("dict", "ordered") if setting else ("list",)):
+                raise _corrupt(f"its pickle {'sets an item of' if setting else 'appends to'} a {target.kind}")
+            target.length += n // 2 if setting else n
+            cost += _SLOT * (n // 2) if target.kind == "ordered" else 0  # the order's own record of each key
+        elif op == 0x62:  # BUILD
+            state = stack.pop()
+            stack[-1]  # noqa: B018 - the object built
+            cost += _TENSOR + _ITEM * state.length
+        elif op == 0x5D or op == 0x7D or op == 0x8F:  # EMPTY_LIST, EMPTY_DICT, EMPTY_SET
+            kind, taken = _EMPTY[op]
+            push(_Value(kind))
+            cost += _SLOT + taken
         elif op == 0x51:  # BINPERSID: a storage, read from its own zip entry
-            if pop().kind not in ("tuple", "number"):
+            if stack.pop().kind not in ("tuple", "number"):
                 raise _corrupt("its pickle names a storage by something other than a tuple")
-            stack.append(_Value("storage"))
+            push(_Value("storage"))
             cost += _SLOT + _TENSOR
-        elif op in (0x68, 0x6A):  # BINGET, LONG_BINGET
-            key = take(1)[0] if op == 0x68 else struct.unpack("<I", take(4))[0]
-            if key not in memo:
-                raise _corrupt("its pickle recalls an object it did not remember")
-            stack.append(memo[key])
-            cost += _SLOT
-        elif op in (0x71, 0x72):  # BINPUT, LONG_BINPUT
-            key = take(1)[0] if op == 0x71 else struct.unpack("<I", take(4))[0]
-            if not stack:
-                raise _corrupt("its pickle takes from an empty stack")
-            cost += _MEMO if key not in memo else 0
-            memo[key] = stack[-1]
+        elif op == 0x63:  # GLOBAL: two lines, module and name
+            first = data.find(b"\n", at)
+            second = data.find(b"\n", first + 1)
+            if first < 0 or second < 0:
+                raise IndexError
+            module = data[at:first].decode("utf-8", "replace")
+            module = "builtins" if module == "__builtin__" else module
+            push(_Value("global", text=f"{module}.{data[first + 1 : second].decode('utf-8', 'replace')}"))
+            cost += _SLOT + second - at
+            at = second + 1
+        elif op == 0x80:  # PROTO
+            at += 1
+        elif op == 0x2E:  # STOP
+            stack.pop()
+            return cost
         else:
             raise _corrupt(f"its pickle holds the opcode {bytes([op])!r}, which torch's loader does not run")
         if cost > budget:
@@ -354,7 +353,7 @@ def _call(func, args):
         return _Value("tensor"), _TENSOR + 16 * dims + _ITEM * state
     n = items[0].length if items else 0
     if name in ("collections.OrderedDict", "collections.Counter", "builtins.set"):
-        return _Value("set" if name == "builtins.set" else "dict"), _SET + _ITEM * n
+        return _Value("set" if name == "builtins.set" else "ordered"), _SET + _ITEM * n
     if name in ("builtins.complex", "torch.device", "torch.Size"):
         return _Value("tuple" if name == "torch.Size" else "number", n), _TENSOR + 16 * n
     if name == "_codecs.encode":  # how protocol 2 writes bytes: encode(text, "latin1")
