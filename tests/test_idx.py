@@ -133,3 +133,28 @@ def test_find_fashion_mnist_searches_the_known_directories(tmp_path, monkeypatch
     assert find_fashion_mnist() == str(full)
     monkeypatch.setattr(idx, "FASHION_MNIST_DIRS", (str(empty),))
     assert find_fashion_mnist() is None
+
+
+@pytest.mark.parametrize("declared", [(2, 3), (2**31, 2**31)])
+def test_a_gzip_bomb_is_refused_before_it_inflates(tmp_path, declared):
+    """50 MB of zeros compressed into a ~50 KB file, behind a small header: refused (trailing data, or data
+    that a plain file of its declared size would hold) without the 50 MB, or the declared size, in memory."""
+    import tracemalloc
+
+    dims = np.array(declared, dtype=">u4").tobytes()
+    header = bytes([0, 0, 0x08, len(declared)]) + dims
+    path = tmp_path / "bomb.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(header)
+        zeros = bytes(1 << 20)
+        for _ in range(50):
+            f.write(zeros)
+    assert path.stat().st_size < 200_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="trailing|more than 64 times"):
+            read_idx(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20, peak

@@ -26,14 +26,32 @@ FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
 
 _KINDS = ("train", "t10k")
 
+_CHUNK = 1 << 20
 
-def _read_bytes(path):
+#: The most a gzipped IDX file may expand: real image and label files compress 2 to 10 times, a gzip bomb
+#: (zeros behind a header) about 1000 times.
+GZIP_RATIO = 64
+
+
+def _head_is_gzip(path):
+    """Whether the file at ``path`` starts as a gzip stream does."""
     with open(path, "rb") as f:
-        head = f.read(2)
-    opener = gzip.open if head == b"\x1f\x8b" else open
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _read_bytes(path, limit):
+    """The file's first ``limit`` bytes (decompressed if gzipped), or all of them if it holds fewer."""
+    opener = gzip.open if _head_is_gzip(path) else open
     try:
         with opener(path, "rb") as f:
-            return f.read()
+            chunks, left = [], limit
+            while left > 0:  # in pieces: one read(limit) would allocate limit bytes at once
+                chunk = f.read(min(left, _CHUNK))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
     except (OSError, EOFError, zlib.error) as err:  # corrupt or truncated gzip stream
         raise ValueError(f"{path}: cannot decompress IDX file ({err})") from err
 
@@ -46,7 +64,7 @@ def read_idx(path):
         trailing bytes.
     """
     path = os.fspath(path)
-    data = _read_bytes(path)
+    data = _read_bytes(path, 4 + 4 * 255)  # the header (at most 255 dimensions), then the data it declares
     if len(data) < 4:
         raise ValueError(f"{path}: too short for an IDX header ({len(data)} bytes)")
     zero1, zero2, type_code, ndim = data[0], data[1], data[2], data[3]
@@ -62,6 +80,15 @@ def read_idx(path):
     dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
     dtype = _IDX_TYPES[type_code]
     expected = math.prod(dims) * dtype.itemsize  # exact integers: huge dims cannot overflow
+    if _head_is_gzip(path) and expected > GZIP_RATIO * os.path.getsize(path) + _CHUNK:
+        raise ValueError(
+            f"{path}: its header declares {expected:,} data bytes (dims {dims}), more than {GZIP_RATIO} times the "
+            f"{os.path.getsize(path):,} bytes of the compressed file: not an IDX data set (image and label files "
+            "compress 2 to 10 times), refused before decompressing it"
+        )
+    # Read no more than the header declares (and one byte to see trailing data): a gzipped stream that
+    # decompresses past its declared data is refused without holding the rest in memory.
+    data = _read_bytes(path, header + expected + 1)
     got = len(data) - header
     if got < expected:
         raise ValueError(f"{path}: truncated IDX file: dims {dims} need {expected} data bytes, found {got}")
