@@ -10,6 +10,7 @@ A model whose forward reads the weights of a module it does not call (``x @ self
 not run that way (mixed precisions): it is then checked on a float64 copy of the whole model.
 """
 
+import contextlib
 import copy
 import functools
 from collections.abc import Mapping
@@ -123,6 +124,31 @@ def flat(output):
     return torch.cat(found) if found else torch.zeros(0, dtype=torch.float64)
 
 
+@contextlib.contextmanager
+def _hooks_as_copied(model):
+    """Run ``model`` with the forward hooks a copy of it has: the pruned model is a copy, and a hook that says how it
+    is copied (``__deepcopy__``; a distillation's hooks, which run the teacher and add its outputs to the model's,
+    copy as hooks that do nothing) runs as its copy in the reference too. Other hooks (functions, the gates' bound
+    methods) are those of the copy already."""
+    saved = []
+    for module in model.modules():
+        for name in _HOOKS:
+            hooks = getattr(module, name)
+            own = {k: h for k, h in hooks.items() if hasattr(type(h), "__deepcopy__")}
+            if own:
+                saved.append((hooks, own))
+    try:
+        for hooks, own in saved:
+            hooks.update({k: copy.deepcopy(h) for k, h in own.items()})
+        yield
+    finally:
+        for hooks, own in saved:
+            hooks.update(own)
+
+
+_HOOKS = ("_forward_pre_hooks", "_forward_hooks")
+
+
 def gated_reference(model, example_inputs, budget):
     """The probe (``example_inputs`` twice over, floating ones in float64), the gated model's output on it in
     float64 (flattened) and how it was computed (``budget``, or ``None``: on a float64 copy of the whole model):
@@ -133,7 +159,7 @@ def gated_reference(model, example_inputs, budget):
         for t in on_device_of(model, example_inputs)
     )
     try:
-        with InFloat64ByParts(model, budget):
+        with InFloat64ByParts(model, budget), _hooks_as_copied(model):
             return probe, flat(run_on_example_inputs(model, probe, shown=example_inputs)), budget
     except ValueError:
         pass  # a model that reads weights of modules it does not call, or example inputs it does not take
