@@ -445,3 +445,16 @@ def test_example_inputs_that_the_model_does_not_take_are_named():
         with pytest.raises((TypeError, ValueError), match=r"^sparsify: example_inputs must"):
             sparsify(net, example_inputs=bad)
     assert net[0].weight.shape == (8, 3, 3) and not gates_of(net)  # the model passed in is unchanged
+
+
+def test_prune_names_example_inputs_that_do_not_fit_the_model():
+    """prune's own example_inputs (not sparsify's) that the model does not take: a ValueError naming them (it was
+    torch's error from inside the forward), and a non-tensor a TypeError."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    gated = sparsify(model, example_inputs=torch.randn(2, 3, 8, 8))
+    with pytest.raises(ValueError, match=r"prune: example_inputs of shape \(2, 5, 8, 8\) do not fit the model"):
+        prune(gated.eval(), example_inputs=torch.randn(2, 5, 8, 8))
+    with pytest.raises(TypeError, match="prune: example_inputs must be a tensor"):
+        prune(gated.eval(), example_inputs=[torch.randn(2, 3, 8, 8)])
+    assert prune(gated.eval(), example_inputs=torch.randn(1, 3, 8, 8))(torch.randn(2, 3, 8, 8)).shape == (2, 4, 4, 4)

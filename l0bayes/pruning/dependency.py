@@ -403,7 +403,15 @@ def prune_graph(model, example_inputs):
     plain = strip_gates(model).eval()
     example_inputs = on_device_of(plain, example_inputs)
     probe = _probe(example_inputs)
-    reference = _output64(plain, probe)
+    try:
+        reference = _output64(plain, probe)
+    except (RuntimeError, TypeError, ValueError, IndexError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        shapes = ", ".join(str(tuple(t.shape)) for t in example_inputs)
+        raise ValueError(
+            f"prune: example_inputs of shape {shapes} do not fit the model ({first}): give a batch of what its "
+            "forward takes, or leave example_inputs out to use those given to sparsify"
+        ) from err
     tracker = _InputTracker(plain)
     for unit in units(model):
         closed = unit.closed()

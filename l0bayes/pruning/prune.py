@@ -93,7 +93,13 @@ def _example_inputs(module, example_inputs):
         example_inputs = getattr(module, "_l0_example_inputs", None)
     if example_inputs is None:
         raise ValueError("pruning a model of sparsify() needs example_inputs (a tensor the model accepts)")
-    return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    if not inputs or not all(torch.is_tensor(t) and t.dim() > 0 for t in inputs):
+        raise TypeError(
+            "prune: example_inputs must be a tensor with a batch dimension or a non-empty tuple of them (the model's "
+            f"positional arguments), got {type(example_inputs).__name__}"
+        )
+    return inputs
 
 
 @under_thread_policy
