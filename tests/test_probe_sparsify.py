@@ -78,6 +78,7 @@ def _removed(closed, channels, groups, depthwise):
 
 
 @pytest.mark.parametrize("examples", PROFILES)
+@pytest.mark.filterwarnings("ignore:prune kept")  # grouped convolutions keep closed channels: said
 def test_pruned_networks_equal_the_gated_ones_and_keep_valid_groups(tmp_path, examples):
     @_profile(examples)
     @given(drawn=_networks(), fractional=st.booleans())

@@ -354,6 +354,7 @@ def test_a_graph_that_loops_is_refused_naming_the_layer():
         _within(60, expected_flops, gated, (3, 10))
 
 
+@pytest.mark.filterwarnings("ignore:prune kept")  # (the closed channels that stay: the next test but one)
 @pytest.mark.parametrize("reader", ["conv", "transposed"])
 def test_a_grouped_convolution_loses_as_many_closed_inputs_in_every_group(tmp_path, reader):
     """The closed channels a grouped convolution read stayed, and save_pruned refused the model. Now every group
@@ -386,6 +387,7 @@ def test_a_grouped_convolution_loses_as_many_closed_inputs_in_every_group(tmp_pa
             torch.testing.assert_close(loaded(x), pruned(x), atol=0, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore:prune kept")
 def test_a_grouped_convolution_loses_as_many_of_its_own_closed_outputs_in_every_group():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv1d(8, 6, 3, groups=2), nn.ReLU(), nn.Conv1d(6, 2, 1)).double()
@@ -458,3 +460,27 @@ def test_prune_names_example_inputs_that_do_not_fit_the_model():
     with pytest.raises(TypeError, match="prune: example_inputs must be a tensor"):
         prune(gated.eval(), example_inputs=[torch.randn(2, 3, 8, 8)])
     assert prune(gated.eval(), example_inputs=torch.randn(1, 3, 8, 8))(torch.randn(2, 3, 8, 8)).shape == (2, 4, 4, 4)
+
+
+def test_prune_says_when_a_grouped_convolution_keeps_more_than_the_counts():
+    """A grouped convolution whose two groups read 3 and 1 closed channels keeps 2 of them (as many in each group):
+    prune warns that it keeps more than test_time_density counts, naming both counts; with as many closed channels in
+    each group it removes them all, matches the count and says nothing."""
+    torch.manual_seed(0)
+    for closed, extra in (([0, 1, 2, 5], True), ([0, 1, 4, 5], False)):
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=2), nn.ReLU())
+        gated = sparsify(model, ["0", "2"], example_inputs=torch.randn(2, 3, 8, 8))
+        for name, gate in gates_of(gated):
+            with torch.no_grad():
+                gate.log_alpha.fill_(10.0)
+                if name.startswith("0"):
+                    gate.log_alpha[closed] = -10.0
+        counted = round(pruning.test_time_density(gated) * count_parameters(gated))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pruned = prune(gated.eval())
+        said = [str(w.message) for w in caught if "test_time_density counts" in str(w.message)]
+        kept = count_parameters(pruned)
+        assert (kept > counted) == extra
+        assert len(said) == int(extra) and (not extra or f"prune kept {kept:,} parameters" in said[0])
+        assert not extra or f"test_time_density counts {counted:,}" in said[0]

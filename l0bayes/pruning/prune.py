@@ -30,11 +30,13 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from .._warnings import warn
 from ..nn.layers import L0Conv2d, L0Linear
 from ..threads import under_thread_policy
 from .dependency import prune_graph
 from .select import SelectFeatures
 from .sequential import LINEAR, PLAIN_CONV, WEIGHT, in_units, leaves, out_units, segments
+from .size import count_parameters, test_time_density
 from .sparsify import is_sparsified
 from .transformer import is_transformer_gated, prune_transformer
 
@@ -102,6 +104,28 @@ def _example_inputs(module, example_inputs):
     return inputs
 
 
+def _warn_if_more_than_counted(gated, pruned):
+    """Warn where the pruned model keeps more parameters than :func:`~l0bayes.pruning.test_time_density` counted: a
+    grouped convolution keeps as many channels in each of its groups (:mod:`~l0bayes.pruning.dependency`), so the
+    closed channels it reads stay where its groups close unequal numbers of them, and the counts take them as
+    removed."""
+    grouped = any(
+        isinstance(m, nn.modules.conv._ConvNd) and m.groups > 1 and m.groups != m.out_channels for m in gated.modules()
+    )
+    if not grouped:
+        return
+    counted = round(test_time_density(gated) * count_parameters(gated))
+    kept = count_parameters(pruned)
+    if kept > counted:
+        warn(
+            f"prune kept {kept:,} parameters where test_time_density counts {counted:,}: a grouped convolution keeps "
+            "as many channels in each of its groups, so closed channels it reads stay (with zero weights) where its "
+            "groups close unequal numbers of them; test_time_density, test_time_flops_fraction and a constrained "
+            "objective's targets count them as removed. Gate a grouped convolution's input channels alike in every "
+            "group, or leave it ungated"
+        )
+
+
 @under_thread_policy
 @torch.no_grad()
 def prune(module, example_inputs=None):
@@ -134,7 +158,9 @@ def prune(module, example_inputs=None):
     if is_transformer_gated(module):
         return prune_transformer(module, example_inputs)
     if is_sparsified(module):
-        return prune_graph(module, _example_inputs(module, example_inputs))
+        pruned = prune_graph(module, _example_inputs(module, example_inputs))
+        _warn_if_more_than_counted(module, pruned)
+        return pruned
     layers = leaves(module)
     keep_in, keep_out, selects = {}, {}, {}
     for seg in segments(layers):
