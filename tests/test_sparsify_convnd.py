@@ -484,3 +484,20 @@ def test_prune_says_when_a_grouped_convolution_keeps_more_than_the_counts():
         assert (kept > counted) == extra
         assert len(said) == int(extra) and (not extra or f"prune kept {kept:,} parameters" in said[0])
         assert not extra or f"test_time_density counts {counted:,}" in said[0]
+
+
+def test_closed_output_channels_of_the_network_are_counted_as_prune_keeps_them():
+    """The network's own output channels stay in the pruned model (its output keeps its shape): test_time_density
+    counted a closed one as removed (155 of 180 parameters, against the 180 prune keeps), and the expected density
+    gave the constrained objective a gate it could close for nothing."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv1d(3, 8, 3, padding=2), nn.ReLU(), nn.Conv1d(8, 4, 3, padding=1))
+    gated = _closing(sparsify(net, example_inputs=torch.randn(2, 3, 6)), {"0": [1], "2": [0]})
+    pruned = prune(gated)
+    assert [pruned[0].out_channels, pruned[2].out_channels] == [7, 4]
+    assert count_parameters(pruned) == 7 * 3 * 3 + 7 + 4 * 7 * 3 + 4  # by hand
+    assert round(pruning.test_time_density(gated) * count_parameters(gated)) == count_parameters(pruned)
+    output_gate = dict(gates_of(gated))["2.gate"]
+    output_gate.log_alpha.grad = None
+    pruning.expected_density(gated).backward()
+    assert output_gate.log_alpha.grad is None or not output_gate.log_alpha.grad.any()

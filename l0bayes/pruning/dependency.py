@@ -25,6 +25,9 @@ A gated unit is removed only where that leaves the function unchanged:
   depthwise one) ties each of its groups of input channels to an output channel, so a closed channel it
   reads is kept (the convolution's bias makes that output channel nonzero).
 
+The network's own output channels stay (the output keeps its shape), closed ones with zero weights; the sizes of
+:mod:`~l0bayes.pruning.size` count them as kept, and their gates as no cost.
+
 Padding keeps a closed channel zero in every ``padding_mode`` of a convolution (``"zeros"``, ``"reflect"``,
 ``"replicate"``, ``"circular"``: each pads a channel with values of that channel only), so the graph is traced
 with zero padding, which couples the same channels.
@@ -143,6 +146,8 @@ def _allowed(graph, group, unit, names):
         target = item.dep.target
         name = names.get(id(target.module))
         out = graph.is_out_channel_pruning_fn(item.dep.handler)
+        if out and not target.outputs:
+            return False  # channels of the network's output: its shape stays
         if name in unit.zeroed and (out or unit.kind == "in"):
             continue
         if target.type in (kinds.RESHAPE, kinds.CONCAT, kinds.SPLIT, kinds.SLICE):
