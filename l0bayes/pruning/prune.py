@@ -36,7 +36,8 @@ from ..threads import under_thread_policy
 from .dependency import prune_graph
 from .select import SelectFeatures
 from .sequential import LINEAR, PLAIN_CONV, WEIGHT, in_units, leaves, out_units, segments
-from .size import count_parameters, test_time_density
+from .counting import count_parameters
+from .size import test_time_density
 from .sparsify import is_sparsified
 from .transformer import is_transformer_gated, prune_transformer
 
