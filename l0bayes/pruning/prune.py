@@ -33,10 +33,10 @@ from torch import nn
 from .._warnings import warn
 from ..nn.layers import L0Conv2d, L0Linear
 from ..threads import under_thread_policy
+from .counting import count_parameters
 from .dependency import prune_graph
 from .select import SelectFeatures
 from .sequential import LINEAR, PLAIN_CONV, WEIGHT, in_units, leaves, out_units, segments
-from .counting import count_parameters
 from .size import test_time_density
 from .sparsify import is_sparsified
 from .transformer import is_transformer_gated, prune_transformer
