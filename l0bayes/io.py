@@ -130,12 +130,41 @@ def load_checkpoint(path, map_location="cpu", required=()):
             raise CheckpointError(f"checkpoint {path!r} {err}") from None
         f.seek(0)
         state = _load(f, path, map_location)
+    shared = _first_overlapping(state)
+    if shared is not None:
+        raise CheckpointError(
+            f"checkpoint {path!r} holds a tensor whose elements share memory ({shared}: strides that read one "
+            "value many times, as expand() makes): the checkpoints and pruned models l0bayes writes hold each value "
+            "once, and such a tensor would take its full size in memory as soon as it trains"
+        )
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path!r} holds a {type(state).__name__}, not a dict of training state")
     missing = [k for k in required if k not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path!r} lacks {', '.join(map(repr, missing))}: not an l0bayes checkpoint")
     return state
+
+
+def _first_overlapping(value, where="the checkpoint", depth=0):
+    """Where in ``value`` (dicts, lists and tuples of tensors) a tensor's elements overlap in memory, or ``None``.
+
+    A tensor's elements are distinct when, its dimensions of size > 1 sorted by stride, each stride exceeds the
+    farthest offset the dimensions before it reach."""
+    if torch.is_tensor(value):
+        reach = 0
+        for stride, size in sorted((st, sz) for st, sz in zip(value.stride(), value.shape, strict=True) if sz > 1):
+            if stride <= reach:
+                return f"{where}: shape {tuple(value.shape)}, strides {value.stride()}"
+            reach += (size - 1) * stride
+        return None
+    if depth > 100:  # (the pickle check bounds nesting already)
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _first_overlapping(item, f"{where}[{key!r}]", depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _load(f, path, map_location):

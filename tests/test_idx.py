@@ -158,3 +158,9 @@ def test_a_gzip_bomb_is_refused_before_it_inflates(tmp_path, declared):
     finally:
         tracemalloc.stop()
     assert peak < 8 * 2**20, peak
+
+
+@pytest.mark.parametrize("path", [3, None, 2.5])
+def test_a_path_that_is_no_path_is_named(path):
+    with pytest.raises(TypeError, match="read_idx: path must be a file path"):
+        read_idx(path)

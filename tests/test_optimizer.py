@@ -252,3 +252,13 @@ def test_a_resume_with_other_clipping_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"optimizer.clip_grad_norm .* -> None"):
         _train(_model(), 2, optimizer=_sgd(), checkpoint=str(ckpt), resume=True)
     _train(_model(), 2, optimizer=clipped(_sgd(), 1.0), checkpoint=str(ckpt), resume=True)
+
+
+def test_an_optimiser_class_instead_of_a_factory_is_named():
+    """``optimizer=torch.optim.SGD`` (or ``clipped(torch.optim.SGD, 1.0)``) called the class on the model: torch's
+    "'SparseClassifier' object is not iterable". Now a TypeError saying to pass a factory, before anything runs."""
+    x, y = _data()
+    with pytest.raises(TypeError, match=r"not the class SGD: e\.g\. optimizer=lambda m: torch\.optim\.SGD"):
+        train(_model(), x, y, objective="penalized", epochs=1, optimizer=torch.optim.SGD, progress=False)
+    with pytest.raises(TypeError, match=r"clipped: optimizer must be a factory"):
+        clipped(torch.optim.SGD, 1.0)

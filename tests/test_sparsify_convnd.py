@@ -501,3 +501,41 @@ def test_closed_output_channels_of_the_network_are_counted_as_prune_keeps_them()
     output_gate.log_alpha.grad = None
     pruning.expected_density(gated).backward()
     assert output_gate.log_alpha.grad is None or not output_gate.log_alpha.grad.any()
+
+
+def test_a_bfloat16_network_is_gated_and_pruned_in_bfloat16():
+    """The gates (float32) multiplied bfloat16 activations into float32 ones, and the next layer raised torch's
+    "Input type (float) and bias type (BFloat16)": the gated outputs now keep the activations' dtype."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten())
+    x = torch.randn(2, 3, 8, 8, dtype=torch.bfloat16)
+    gated = sparsify(net.bfloat16(), example_inputs=x)
+    out = gated(x)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert all(gate.log_alpha.grad is not None for _, gate in gates_of(gated))
+    gated = _closing(gated, {"0": [1, 2]})
+    pruned = prune(gated)
+    assert pruned[0].out_channels == 6 and pruned(x).dtype == torch.bfloat16
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(x).float(), gated(x).float(), atol=0.05, rtol=0.05)
+
+
+def test_sizes_of_a_model_sparsified_without_example_inputs_say_what_to_give():
+    gated = sparsify(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    with pytest.raises(ValueError, match="sparsified without them; sparsify it with example_inputs"):
+        pruning.test_time_density(gated)
+
+
+def test_prune_says_when_its_count_differs_from_the_sizes():
+    """An ungated transposed convolution reading a gated convolution's closed channels: prune removes them from it,
+    the sizes do not follow it (they counted 200 parameters where prune keeps 152). prune says so, with both."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.ConvTranspose2d(8, 2, 3))
+    gated = _closing(sparsify(net, ["0"], example_inputs=torch.randn(2, 3, 6, 6)), {"0": [0, 3, 5]})
+    counted = round(pruning.test_time_density(gated) * count_parameters(gated))
+    with pytest.warns(UserWarning, match="test_time_density counts") as said:
+        pruned = prune(gated)
+    kept = count_parameters(pruned)
+    assert kept != counted
+    assert f"prune kept {kept:,} parameters where test_time_density counts {counted:,}" in str(said[0].message)

@@ -210,7 +210,7 @@ def _option_name(key):
 
 
 # Settings added after the first saved runs, with the value those runs had: a run saved without one resumes.
-ADDED_SINCE = {"keep_best": False}
+ADDED_SINCE = {"target_flops": None, "compile": False, "cuda_graph": False, "tensorboard": None, "keep_best": False}
 
 
 def read_config(path):

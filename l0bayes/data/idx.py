@@ -63,6 +63,8 @@ def read_idx(path):
     :raises ValueError: on a bad magic number, an unknown type code, a truncated file or
         trailing bytes.
     """
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"read_idx: path must be a file path (a str or os.PathLike), got {type(path).__name__}")
     path = os.fspath(path)
     data = _read_bytes(path, 4 + 4 * 255)  # the header (at most 255 dimensions), then the data it declares
     if len(data) < 4:

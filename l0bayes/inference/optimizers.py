@@ -96,10 +96,10 @@ def clipped(optimizer, max_norm, norm_type=2.0, gates=False):
         those of the optimiser.
     :returns: the factory; the optimiser's description (what a resume compares) includes the clipping.
     """
-    if not callable(optimizer):
+    if not callable(optimizer) or isinstance(optimizer, type):  # a class (torch.optim.SGD) would get the model
         raise TypeError(
-            f"clipped: optimizer must be a factory model -> torch.optim.Optimizer (e.g. default_optimizer(lr)), "
-            f"got {optimizer!r}"
+            f"clipped: optimizer must be a factory model -> torch.optim.Optimizer (e.g. default_optimizer(lr), or "
+            f"lambda m: torch.optim.SGD(m.parameters(), lr=...)), got {optimizer!r}"
         )
     max_norm = _positive("max_norm", max_norm)
     norm_type = _positive("norm_type", norm_type, infinite=True)

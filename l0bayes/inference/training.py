@@ -406,6 +406,11 @@ def _build_optimizer(model, lr, optimizer, scheduler):
     :returns: ``(optimizer, schedule or None, settings)``; ``settings`` holds ``gate_lr`` (the initial step
         size of the gates' group, before any schedule) and the descriptions of the optimiser and the schedule.
     """
+    if isinstance(optimizer, type):  # torch.optim.SGD itself: it would be called on the model
+        raise TypeError(
+            f"optimizer= takes a factory model -> torch.optim.Optimizer, not the class {optimizer.__name__}: e.g. "
+            f"optimizer=lambda m: torch.optim.{optimizer.__name__}(m.parameters(), lr=...)"
+        )
     built = (optimizer or default_optimizer(lr))(model)
     if not isinstance(built, torch.optim.Optimizer):
         raise TypeError(f"optimizer= must return a torch.optim.Optimizer, got {type(built).__name__}")

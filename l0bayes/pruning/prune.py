@@ -105,25 +105,24 @@ def _example_inputs(module, example_inputs):
     return inputs
 
 
-def _warn_if_more_than_counted(gated, pruned):
-    """Warn where the pruned model keeps more parameters than :func:`~l0bayes.pruning.test_time_density` counted: a
-    grouped convolution keeps as many channels in each of its groups (:mod:`~l0bayes.pruning.dependency`), so the
-    closed channels it reads stay where its groups close unequal numbers of them, and the counts take them as
-    removed."""
-    grouped = any(
-        isinstance(m, nn.modules.conv._ConvNd) and m.groups > 1 and m.groups != m.out_channels for m in gated.modules()
-    )
-    if not grouped:
+def _warn_if_not_counted(gated, pruned):
+    """Warn where the pruned model keeps another number of parameters than
+    :func:`~l0bayes.pruning.test_time_density` counts (and so the FLOP fractions and a constrained objective's
+    targets): a grouped convolution keeps as many channels in each of its groups, so the closed channels it reads stay
+    where its groups close unequal numbers of them (:mod:`~l0bayes.pruning.dependency`); the sizes do not follow
+    every layer that prune shrinks (a transposed convolution reading closed channels); a layer with every input
+    closed keeps one."""
+    if getattr(gated, "_l0_example_inputs", None) is None:  # sparsified without them: no sizes to compare with
         return
     counted = round(test_time_density(gated) * count_parameters(gated))
     kept = count_parameters(pruned)
-    if kept > counted:
+    if kept != counted:
         warn(
-            f"prune kept {kept:,} parameters where test_time_density counts {counted:,}: a grouped convolution keeps "
-            "as many channels in each of its groups, so closed channels it reads stay (with zero weights) where its "
-            "groups close unequal numbers of them; test_time_density, test_time_flops_fraction and a constrained "
-            "objective's targets count them as removed. Gate a grouped convolution's input channels alike in every "
-            "group, or leave it ungated"
+            f"prune kept {kept:,} parameters where test_time_density counts {counted:,} (and so the FLOP fractions "
+            "and a constrained objective's targets): closed channels a grouped convolution keeps so that its groups "
+            "stay equal, a layer the sizes do not follow (such as a transposed convolution reading closed channels), "
+            "or a layer whose every input closed make the two differ. The pruned model equals the gated one; count "
+            "it with count_parameters(pruned)"
         )
 
 
@@ -160,7 +159,7 @@ def prune(module, example_inputs=None):
         return prune_transformer(module, example_inputs)
     if is_sparsified(module):
         pruned = prune_graph(module, _example_inputs(module, example_inputs))
-        _warn_if_more_than_counted(module, pruned)
+        _warn_if_not_counted(module, pruned)
         return pruned
     layers = leaves(module)
     keep_in, keep_out, selects = {}, {}, {}

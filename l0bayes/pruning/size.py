@@ -214,7 +214,13 @@ class NetworkSize:
                     side.factors.append(_Factor(prod, "repeat", hw=seg.hw))
 
     def _build_graph(self, net):
-        example = net._l0_example_inputs
+        example = getattr(net, "_l0_example_inputs", None)
+        if example is None:
+            raise ValueError(
+                "the sizes of a model of sparsify() come from its dependency graph, traced on the example_inputs "
+                "given to sparsify: this one was sparsified without them; sparsify it with example_inputs=(a batch "
+                "of its inputs)"
+            )
         example = example if isinstance(example, tuple) else (example,)
         for unit, items in structure(net, example):
             layer = unit.layer

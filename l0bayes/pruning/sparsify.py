@@ -76,11 +76,11 @@ class GatedLayer(L0Layer):
         """``True`` for a linear layer (gates on input neurons), ``False`` for a convolution (output channels)."""
         return isinstance(self, nn.Linear)
 
-    def _gate_inputs(self, module, args):
-        return (args[0] * self.gate(), *args[1:])
+    def _gate_inputs(self, module, args):  # the gates in the activations' dtype (a bfloat16 model stays bfloat16)
+        return (args[0] * self.gate().to(args[0].dtype), *args[1:])
 
     def _gate_outputs(self, module, args, output):
-        z = self.gate()
+        z = self.gate().to(output.dtype)
         return output * z.view(-1, *([1] * (output.dim() - 2)))
 
     def expected_l2(self):
@@ -158,7 +158,7 @@ class GroupGate(L0Layer):
         z = self._z if self._z is not None else self.gate()
         shape = [1] * output.dim()
         shape[self.dim] = -1
-        return output * z.view(shape)
+        return output * z.to(output.dtype).view(shape)
 
     def expected_l2(self):
         r"""Eq. 17 over the named modules' parameters whose first dimension indexes the units."""
