@@ -74,3 +74,60 @@ def interrupt_at_epoch():
             checkpointing.save_checkpoint = save
 
     return interrupt
+
+
+#: The README's main job as docs/cli.md shows its table: ``l0bayes fit`` with every option at its default (seed
+#: 0, on the CPU) but the output directory and the progress bar.
+README_JOB = "l0bayes fit --out /tmp/cli_run --no-progress"
+
+
+@pytest.fixture(scope="session")
+def l0bayes_command(tmp_path_factory):
+    """``run(command)``: an ``l0bayes`` command line, run once per session as ``python -m l0bayes`` on the CPU.
+
+    Each ``/tmp/...`` path of the command is moved into a directory of the run's own, which is also where it
+    runs. Returns a namespace: ``returncode``, ``stdout`` (with the moved paths named as in the command),
+    ``stderr``, and ``paths``, each ``/tmp/...`` path of the command to where it was moved. The README's main
+    job (:data:`README_JOB`, about 10 s of CPU) serves tests/test_docs.py (the table of docs/cli.md) and
+    tests/test_cli.py (the entry point, its files, the README's figure) from one run.
+    """
+    import os
+    import shlex
+    import subprocess
+    import sys
+    import types
+    from pathlib import Path
+
+    runs = {}
+
+    def run(command):
+        if command not in runs:
+            words = shlex.split(command)
+            assert words[0] == "l0bayes", f"only l0bayes commands are run: {command}"
+            directory = tmp_path_factory.mktemp("l0bayes_command")
+            paths = {word: str(directory / Path(word).name) for word in words if word.startswith("/tmp/")}
+            # on the CPU (the command takes a GPU when it sees one), one thread per process
+            env = {**os.environ, "MPLBACKEND": "Agg", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+            proc = subprocess.run(
+                [sys.executable, "-m", "l0bayes", *(paths.get(word, word) for word in words[1:])],
+                cwd=directory,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                env=env,
+            )
+            stdout = proc.stdout
+            for named, moved in paths.items():
+                stdout = stdout.replace(moved, named)
+            paths = {named: Path(moved) for named, moved in paths.items()}
+            done = types.SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=proc.stderr, paths=paths)
+            runs[command] = done
+        return runs[command]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def readme_job(l0bayes_command):
+    """The README's main job, run once per session (see :func:`l0bayes_command`)."""
+    return l0bayes_command(README_JOB)

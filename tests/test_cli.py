@@ -105,17 +105,13 @@ def test_fit_on_an_idx_directory(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["lr"] == 1e-3  # the paper's default for image sets
 
 
-def test_subprocess_entry_point(tmp_path):
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "l0bayes", "fit", "--model", "logistic", "--epochs", "1", "--no-progress",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "test error" in proc.stdout and "of 30 features" in proc.stdout and "q(z != 0)" in proc.stdout
-    assert "Traceback" not in proc.stderr
-    assert all((out / name).is_file() for name in FILES)
+def test_subprocess_entry_point(readme_job):
+    """``python -m l0bayes`` in a process of its own: the README's main job (one run per session, which
+    tests/test_docs.py compares with the table of docs/cli.md) exits 0, prints its table and writes every file."""
+    assert readme_job.returncode == 0, readme_job.stderr
+    assert "test error" in readme_job.stdout and "active parameters" in readme_job.stdout
+    assert "Traceback" not in readme_job.stderr
+    assert all((readme_job.paths["/tmp/cli_run"] / name).is_file() for name in FILES)
 
 
 def _numbers(history):
@@ -385,11 +381,11 @@ def test_regression_export_predicts_like_the_coefficients(tmp_path):
     assert metadata["selected"] == summary["selected"] and len(metadata["feature_names"]) == 30
 
 
-def test_readme_seed_0_figure(tmp_path, capsys):
+def test_readme_seed_0_figure(readme_job):
     """The main job's seed-0 test error printed in README.md is what a run gives, within the drift between CPUs.
 
-    ``l0bayes fit --seed 0 --device cpu`` with every other option at its default (a few seconds). The table of
-    docs/cli.md is compared with a run of its own command by tests/test_docs.py.
+    ``l0bayes fit`` with every option at its default (seed 0) on the CPU: the run whose table tests/test_docs.py
+    compares with docs/cli.md (one run per session, see tests/conftest.py).
     """
     root = Path(__file__).resolve().parents[1]
     readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
@@ -399,13 +395,14 @@ def test_readme_seed_0_figure(tmp_path, capsys):
         readme,
     )
     assert match, "README.md: the seed-0 figure of the main job is not where this test looks for it"
-    # on the CPU, as documented, also where CUDA exists (a GPU draws other gate noise)
-    assert main(["fit", "--seed", "0", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "run")]) == 0
-    capsys.readouterr()
-    error = json.loads((tmp_path / "run" / "summary.json").read_text())["test"]
+    assert readme_job.returncode == 0, readme_job.stderr
+    out = readme_job.paths["/tmp/cli_run"]
+    config, summary = (json.loads((out / name).read_text()) for name in ("config.json", "summary.json"))
+    # seed 0, on the CPU, as documented, also where CUDA exists (a GPU draws other gate noise)
+    assert config["seed"] == 0 and summary["device"].startswith("cpu")
     # Another CPU's kernels (AVX2 against AVX-512) round differently and 100 epochs amplify it: the same gates
     # open, the test error a few digits away.
-    assert abs(100 * error - float(match.group(1))) <= DIGITS_DRIFT, "README.md's seed-0 test error is off"
+    assert abs(100 * summary["test"] - float(match.group(1))) <= DIGITS_DRIFT, "README.md's seed-0 test error is off"
 
 
 DIGITS_DRIFT = 2.0  # percentage points of test error (7 of the 359 test digits) between CPUs
@@ -569,7 +566,8 @@ def test_the_logistic_regression_follows_its_validation_split(tmp_path, capsys, 
     curve now ends at the table's validation error, with the final model's test error beside it."""
     figures = _figures_with_bars(monkeypatch)
     assert main(["--model", "logistic", "--epochs", "3", "--no-progress", "--out", str(tmp_path)]) == 0
-    capsys.readouterr()
+    printed = capsys.readouterr().out  # its table: the features kept and their gates' probabilities
+    assert "test error" in printed and "of 30 features" in printed and "q(z != 0)" in printed
     summary = json.loads((tmp_path / "summary.json").read_text())
     history = json.loads((tmp_path / "history.json").read_text())
     assert all(r["validation_error"] is not None for r in history)

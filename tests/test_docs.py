@@ -14,7 +14,6 @@ import io
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -647,31 +646,17 @@ def test_shown_output_matching():
     _shown_command_outputs(),
     ids=[f"{name}:{command}" for name, command, _ in _shown_command_outputs()],
 )
-def test_command_output_on_the_page(name, command, shown, tmp_path):
+def test_command_output_on_the_page(name, command, shown, l0bayes_command):
     """The last lines a page shows of an ``l0bayes`` command's output are what the command prints on the CPU.
 
     Run in a temporary directory, with a ``/tmp/...`` path of the command moved there (and named as on the page
-    in what it prints).
+    in what it prints); once per session (tests/conftest.py), so that other tests check the same run.
     """
     pytest.importorskip("sklearn")
-    words = shlex.split(command)
-    assert words[0] == "l0bayes", f"{name}: only l0bayes commands are run: {command}"
-    moved = {word: str(tmp_path / Path(word).name) for word in words if word.startswith("/tmp/")}
-    # the outputs shown are the CPU's (the command takes a GPU when it sees one)
-    env = {**os.environ, "MPLBACKEND": "Agg", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "l0bayes", *(moved.get(word, word) for word in words[1:])],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert proc.returncode == 0, f"{name}: {command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    printed = proc.stdout
-    for on_page, ours in moved.items():
-        printed = printed.replace(ours, on_page)
-    last = "".join(printed.splitlines(keepends=True)[-len(shown.splitlines()) :])
+    assert command.startswith("l0bayes "), f"{name}: only l0bayes commands are run: {command}"
+    run = l0bayes_command(command)
+    assert run.returncode == 0, f"{name}: {command}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    last = "".join(run.stdout.splitlines(keepends=True)[-len(shown.splitlines()) :])
     assert _matches(last, shown), f"{name}: `{command}` ends with\n{last}\nthe page shows\n{shown}"
 
 
