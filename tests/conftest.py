@@ -131,3 +131,33 @@ def l0bayes_command(tmp_path_factory):
 def readme_job(l0bayes_command):
     """The README's main job, run once per session (see :func:`l0bayes_command`)."""
     return l0bayes_command(README_JOB)
+
+
+@pytest.fixture(scope="session")
+def diabetes_mean_field():
+    """The mean-field fit of the spike-and-slab model to scikit-learn's diabetes data, trained once per session.
+
+    Standardised features and target (float64 arrays ``x``, ``y``), prior inclusion 0.5, a N(0, 1) slab, the noise
+    ``sigma`` fixed at the least-squares residual scale, 300 full-batch epochs of SVI (seed 0), as ``l0bayes fit
+    --model linear --objective bayes --slab gaussian`` trains it. A namespace: ``model``, ``x``, ``y``, ``sigma``.
+    tests/test_analysis.py checks it against the exact posterior on the clear-cut features, tests/test_selection.py
+    that the importance check flags it where it departs. Tests only read it.
+    """
+    import types
+
+    pytest.importorskip("sklearn")
+    from sklearn.datasets import load_diabetes
+
+    from l0bayes.inference import train
+    from l0bayes.models import SparseLinearRegression
+    from l0bayes.selection import ols_noise_scale
+
+    data = load_diabetes()
+    x = (data.data - data.data.mean(0)) / data.data.std(0, ddof=1)
+    y = (data.target - data.target.mean()) / data.target.std(ddof=1)
+    sigma = ols_noise_scale(x, y)
+    xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+    torch.manual_seed(0)
+    model = SparseLinearRegression(10, noise_scale=sigma, prior_inclusion=0.5, slab="gaussian", prior_scale=1.0)
+    train(model, xt, yt, objective="bayes", epochs=300, batch_size=len(y), lr=0.05, seed=0, progress=False)
+    return types.SimpleNamespace(model=model, x=x, y=y, sigma=sigma)

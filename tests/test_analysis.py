@@ -480,27 +480,15 @@ def test_exact_argument_table():
         exact_inclusion_probabilities(x, np.full_like(y, np.nan))
 
 
-def test_variational_inclusion_agrees_with_exact_on_diabetes(one_thread):
+def test_variational_inclusion_agrees_with_exact_on_diabetes(diabetes_mean_field):
     """Gaussian-slab SVI and the exact conjugate model agree on every clear-cut feature.
 
     Same prior inclusion (0.5), slab scale (1.0) and fixed noise (OLS residual scale) in both
-    models; 300 full-batch epochs as ``python -m l0bayes``.
+    models; 300 full-batch epochs as ``python -m l0bayes`` (the fit of tests/conftest.py).
     """
-    from sklearn.datasets import load_diabetes
-
-    from l0bayes.inference import train
-
-    data = load_diabetes()
-    x = torch.tensor(data.data, dtype=torch.float32)
-    x = (x - x.mean(0)) / x.std(0)
-    y = torch.tensor(data.target, dtype=torch.float32)
-    y = (y - y.mean()) / y.std()
-    sigma = ols_noise_scale(x.double().numpy(), y.double().numpy())
-    exact = exact_inclusion_probabilities(x.double().numpy(), y.double().numpy(), 0.5, 1.0, sigma)
-    torch.manual_seed(0)
-    model = SparseLinearRegression(10, noise_scale=sigma, prior_inclusion=0.5, slab="gaussian", prior_scale=1.0)
-    train(model, x, y, objective="bayes", epochs=300, batch_size=x.shape[0], lr=0.05, seed=0, progress=False)
-    vi = model.inclusion_probabilities().double().numpy()
+    fit = diabetes_mean_field
+    exact = exact_inclusion_probabilities(fit.x, fit.y, 0.5, 1.0, ols_noise_scale(fit.x, fit.y))
+    vi = fit.model.inclusion_probabilities().double().numpy()
     clear = (exact.inclusion < 0.2) | (exact.inclusion > 0.8)
     assert clear.sum() >= 5  # age, sex, bmi, bp, s5, s6 on these data
     np.testing.assert_array_equal(

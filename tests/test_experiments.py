@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import types
 
 import pytest
 from idx_fixtures import write_mnist_dir
@@ -16,6 +17,20 @@ def _script(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _in_process(command, check):
+    """``subprocess.run(command, check=True)`` of a ``python -m l0bayes ...`` command, run by its ``main``."""
+    import subprocess
+    import sys
+
+    from l0bayes.cli import main
+
+    assert command[:3] == [sys.executable, "-m", "l0bayes"] and check
+    code = main(command[3:])
+    if code != 0:
+        raise subprocess.CalledProcessError(code, command)
+    return subprocess.CompletedProcess(command, code)
 
 
 def test_paper_script_runs_the_protocol_and_summarises(tmp_path, capsys, monkeypatch):
@@ -50,7 +65,9 @@ def test_paper_script_runs_the_protocol_and_summarises(tmp_path, capsys, monkeyp
         error = float((dense(test.x_test).argmax(-1) != test.y_test).double().mean())
     summary = json.loads((out / "mlp-dense" / "summary.json").read_text())
     assert metadata["model"] == "mlp-dense" and error == pytest.approx(summary["test"])
-    # a second invocation into the same directory keeps the first one's commands
+    # a second invocation into the same directory keeps the first one's commands; its run goes through the command
+    # line in this process (the subprocess itself was checked above: it adds only an interpreter's start-up)
+    monkeypatch.setattr(paper, "subprocess", types.SimpleNamespace(run=_in_process))
     assert paper.main([*argv, "--runs", "mlp-sep", "--ema", "0", "--log-alpha-range", "none", "--init", "torch"]) == 0
     commands = json.loads((out / "commands.json").read_text())
     assert set(commands) == {"mlp", "mlp-dense", "mlp-sep"}

@@ -145,15 +145,13 @@ def test_khat_meaning_in_words():
         khat_meaning(math.nan)
 
 
-def test_diagnostic_flags_the_mean_field_fit_on_diabetes(diabetes):
-    from l0bayes.inference import train
-    from l0bayes.models import SparseLinearRegression
-
+def test_diagnostic_flags_the_mean_field_fit_on_diabetes(diabetes, diabetes_mean_field):
     x, y, sigma, exact = diabetes
-    xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
-    torch.manual_seed(0)
-    model = SparseLinearRegression(10, noise_scale=sigma, prior_inclusion=0.5, slab="gaussian", prior_scale=1.0)
-    train(model, xt, yt, objective="bayes", epochs=300, batch_size=len(y), lr=0.05, seed=0, progress=False)
+    fit = diabetes_mean_field  # trained on these data, this noise scale, this prior (tests/conftest.py)
+    np.testing.assert_array_equal(fit.x, x)
+    np.testing.assert_array_equal(fit.y, y)
+    assert fit.sigma == sigma
+    model = fit.model
     assert np.abs(model.inclusion_probabilities().numpy() - exact).max() > 0.3  # the failure being diagnosed
     check = gate_importance_check(model, x, y, seed=0)
     assert check.khat > 0.7 and not check.reliable
