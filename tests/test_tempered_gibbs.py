@@ -290,7 +290,9 @@ def test_gaussian_sampler_with_unknown_noise_matches_enumeration():
     x = ar1(60, 7, 0.8, rng)
     y = 0.8 * x[:, 1] - 0.6 * x[:, 6] + 1.5 * rng.standard_normal(60)
     y = y - y.mean()
-    log_s2 = np.linspace(math.log(0.1), math.log(15.0), 200)  # sigma^2 from 0.1 to 15; y has variance ~3
+    # sigma^2 from 0.1 to 15 (y has variance ~3): the posterior of log sigma^2 is smooth, about 0.2 wide, and a sum
+    # on 60 points (0.08 apart) gives the same probabilities as on 200 to 8 digits
+    log_s2 = np.linspace(math.log(0.1), math.log(15.0), 60)
     models = np.array(list(itertools.product([False, True], repeat=7)))
     log_ml = np.array(
         [
