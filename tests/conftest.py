@@ -1,5 +1,7 @@
 """Fixtures shared by several test modules."""
 
+import os
+
 import pytest
 import torch
 
@@ -13,6 +15,12 @@ DEVICES = ("cpu", CUDA_PARAM)
 
 
 def pytest_configure(config):
+    # One intra-op thread for the whole run, unless the environment chose a count (the library's heavy calls take
+    # one anyway, l0bayes.threads): the tests' own tensors are small, and a second thread only adds CPU time (it
+    # spins while it waits) and, beside another job on a shared machine, holds a core the other thread waits for.
+    # tests/test_threads.py sets the counts it checks.
+    if not any(key in os.environ for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")):
+        torch.set_num_threads(1)
     if CUDA:
         # The tests check float32 against float64 references at float32's precision; TensorFloat-32
         # products (cuDNN's default for convolutions) keep 10 mantissa bits. Training code is untouched.
