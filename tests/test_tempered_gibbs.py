@@ -111,7 +111,9 @@ def test_gram_columns_as_needed_give_the_whole_gram_matrix_answer(correlated_gau
     for limit in (tg.FULL_GRAM_MAX, 0):
         monkeypatch.setattr(tg, "FULL_GRAM_MAX", limit)
         args = (torch.tensor(x), torch.tensor(y), 0.2, 0.5, 1.0)
-        runs.append(tempered_gibbs(*args, min_steps=300, max_steps=300, generator=torch.Generator().manual_seed(3)))
+        # (a short warm-up: the chains are compared with each other, step by step)
+        gen = torch.Generator().manual_seed(3)
+        runs.append(tempered_gibbs(*args, warmup=100, min_steps=300, max_steps=300, generator=gen))
     np.testing.assert_allclose(runs[0].inclusion, runs[1].inclusion, rtol=1e-9, atol=1e-12)
     assert np.abs(runs[0].inclusion - exact.inclusion).max() < 0.2
 
@@ -122,10 +124,10 @@ def test_a_given_gram_matrix_is_read_instead_of_computed(correlated_gaussian):
     xt, yt = torch.tensor(x), torch.tensor(y)
     gram = xt.T @ xt
     other = 0.5 * gram + 0.5 * torch.diag(torch.diagonal(gram))  # the same diagonal, weaker correlations
+    # (a short warm-up: the chains are compared with each other, step by step)
+    opts = {"warmup": 100, "min_steps": 200, "max_steps": 200}
     runs = [
-        tempered_gibbs(
-            xt, yt, 0.2, 0.5, 1.0, min_steps=200, max_steps=200, generator=torch.Generator().manual_seed(3), gram=g
-        )
+        tempered_gibbs(xt, yt, 0.2, 0.5, 1.0, **opts, generator=torch.Generator().manual_seed(3), gram=g)
         for g in (None, gram, other)
     ]
     np.testing.assert_allclose(runs[1].inclusion, runs[0].inclusion, rtol=1e-10, atol=1e-13)
@@ -172,7 +174,9 @@ def test_diagnostics_on_demand_equal_those_of_the_run():
     y = x[:, 1] - 0.8 * x[:, 6] + rng.standard_normal(60)
     args = (torch.tensor(x), torch.tensor(y - y.mean()), 0.3, 1.0, 1.0)
     runs = [
-        tempered_gibbs(*args, min_steps=400, max_steps=400, generator=torch.Generator().manual_seed(2), diagnose=d)
+        tempered_gibbs(
+            *args, warmup=100, min_steps=400, max_steps=400, generator=torch.Generator().manual_seed(2), diagnose=d
+        )
         for d in (True, False)
     ]
     lazy = runs[1]
@@ -202,7 +206,10 @@ def test_noise_moves_from_the_whole_gram_matrix_follow_the_same_chains(monkeypat
         monkeypatch.setattr(tg, "FULL_GRAM_MAX", limit)
         args = (torch.tensor(x), torch.tensor(y - y.mean()), 0.3, 0.8, 2.0)
         gen = torch.Generator().manual_seed(1)
-        runs.append(tempered_gibbs(*args, noise_prior="jeffreys", min_steps=400, max_steps=400, generator=gen))
+        # (a short warm-up: the chains are compared with each other, step by step)
+        runs.append(
+            tempered_gibbs(*args, noise_prior="jeffreys", warmup=100, min_steps=400, max_steps=400, generator=gen)
+        )
     assert runs[0].details["omega_fraction"] > 0.1  # sigma moved often
     np.testing.assert_allclose(runs[0].inclusion, runs[1].inclusion, rtol=1e-8, atol=1e-11)
     assert runs[0].details["noise_scale_mean"] == pytest.approx(runs[1].details["noise_scale_mean"], rel=1e-8)
@@ -393,7 +400,9 @@ def test_sampler_stops_when_mixed_and_on_time():
     x = ar1(100, 8, 0.5, rng)
     y = x[:, 0] + rng.standard_normal(100)
     args = (torch.tensor(x), torch.tensor(y - y.mean()), 0.2, 1.0, 1.0)
-    easy = tempered_gibbs(*args, min_steps=1000, max_steps=50_000, generator=torch.Generator().manual_seed(0))
+    # (a short warm-up and minimum: what is checked is that the run ends where its chains mix, here at 1,000 steps)
+    opts = {"warmup": 100, "min_steps": 300, "max_steps": 50_000}
+    easy = tempered_gibbs(*args, **opts, generator=torch.Generator().manual_seed(0))
     assert easy.details["stopped"] == "mixed" and easy.num_steps < 50_000 and easy.mixed
     # the budget can end the run only after the warm-up: a short one, so that a loaded machine cannot make the
     # warm-up alone outlast the bound below
