@@ -32,7 +32,7 @@ from l0bayes.models import SparseClassifier, SparseLinearRegression, SparseModel
 from l0bayes.nn import L0MLP
 
 #: Examples per property: the default run, and the ``slow`` profile.
-FAST, SLOW = 25, 200
+FAST, SLOW = 12, 200
 PROFILES = [pytest.param(FAST, id="fast"), pytest.param(SLOW, marks=pytest.mark.slow, id="slow")]
 
 

@@ -23,7 +23,7 @@ from l0bayes.cli import DEFAULTS, CLIError, build_parser, main
 from l0bayes.cli.config import ADDED_SINCE, read_config, resolve_config
 
 #: Examples per property: the default run, and the ``slow`` profile.
-FAST, SLOW = 25, 200
+FAST, SLOW = 12, 200
 PROFILES = [pytest.param(FAST, id="fast"), pytest.param(SLOW, marks=pytest.mark.slow, id="slow")]
 QUICK = ["--epochs", "1", "--no-progress", "--threads", "1"]
 

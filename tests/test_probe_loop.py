@@ -26,7 +26,7 @@ from l0bayes.models import PlainModel, SparseClassifier, SparseModel
 from l0bayes.nn import L0MLP
 
 #: Examples per property: the default run, and the ``slow`` profile.
-FAST, SLOW = 25, 200
+FAST, SLOW = 12, 200
 PROFILES = [pytest.param(FAST, id="fast"), pytest.param(SLOW, marks=pytest.mark.slow, id="slow")]
 OBJECTIVES = ("bayes", "penalized", "constrained")
 ITERATORS = ("generator", "iter")  # exhausted after one pass

@@ -38,7 +38,7 @@ from l0bayes.pruning.describe import LAYER_TYPES, describe_modules, describe_pru
 from l0bayes.pruning.export import load_pruned, save_pruned
 
 #: Examples per property: the default run, and the ``slow`` profile.
-FAST, SLOW = 25, 200
+FAST, SLOW = 12, 200
 PROFILES = [pytest.param(FAST, id="fast"), pytest.param(SLOW, marks=pytest.mark.slow, id="slow")]
 MODELS = ("mlp", "lenet5", "resnet")
 #: The guard's limit: the largest tensor of these models is a few kB; a file may not make the loader allocate more.
