@@ -33,37 +33,20 @@ def _llama(layers=2, seed=0, **kwargs):
     return transformers.LlamaForCausalLM(config).eval()
 
 
+def _grouped_query(model_class, config_class):
+    """A tiny model of a Llama-like family (Qwen2, Mistral): 4 heads in 2 key-value groups, an MLP of 48 units."""
+    config = config_class(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=T,
+    )  # fmt: skip
+    return model_class(config)
+
+
 #: Every family of the guide's table, as ``(model, what from_pretrained needs besides the folder)``.
 FAMILIES = {
     "llama": lambda: (_llama(), {}),
-    "qwen2": lambda: (
-        transformers.Qwen2ForCausalLM(
-            transformers.Qwen2Config(
-                hidden_size=32,
-                intermediate_size=48,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                vocab_size=VOCAB,
-                max_position_embeddings=T,
-            )
-        ),
-        {},
-    ),  # fmt: skip
-    "mistral": lambda: (
-        transformers.MistralForCausalLM(
-            transformers.MistralConfig(
-                hidden_size=32,
-                intermediate_size=48,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                vocab_size=VOCAB,
-                max_position_embeddings=T,
-            )
-        ),
-        {},
-    ),  # fmt: skip
+    "qwen2": lambda: (_grouped_query(transformers.Qwen2ForCausalLM, transformers.Qwen2Config), {}),
+    "mistral": lambda: (_grouped_query(transformers.MistralForCausalLM, transformers.MistralConfig), {}),
     "gpt2": lambda: (
         transformers.GPT2LMHeadModel(
             transformers.GPT2Config(vocab_size=VOCAB, n_positions=T, n_embd=32, n_layer=2, n_head=4, n_inner=48)
