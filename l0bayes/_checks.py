@@ -74,6 +74,27 @@ def check_args(owner, table, **values):
         table[name](owner, name, value)
 
 
+class Choice:
+    """A rule for a setting that takes one of a few values (compared with ``==``, never coerced): a
+    :class:`ValueError` naming the owner, the argument and the values allowed otherwise."""
+
+    def __init__(self, values):
+        self.values = tuple(values)
+
+    def __call__(self, owner, name, value):
+        if not any(type(value) is type(v) and value == v for v in self.values):
+            raise ValueError(f"{owner}: {name} must be one of {self.values}, got {value!r}")
+
+
+class Flag:
+    """A rule for a switch: ``True`` or ``False`` (a :class:`TypeError` for anything else: ``0``, ``"yes"``)."""
+
+    def __call__(self, owner, name, value):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{owner}: {name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+FLAG = Flag()
 FINITE = Rule("a finite real number", np.isfinite)
 POSITIVE = Rule("a finite number > 0", lambda v: np.isfinite(v) & (v > 0))
 NON_NEGATIVE = Rule("a finite number >= 0", lambda v: np.isfinite(v) & (v >= 0))

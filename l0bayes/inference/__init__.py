@@ -1,7 +1,7 @@
 """Inference: the free energy of Eq. 21, training (a loop with callbacks), and data-parallel training under torchrun."""
 
 from .averaging import ParameterAverage
-from .callbacks import Callback, EarlyStopping, TensorBoard
+from .callbacks import Callback, EarlyStopping, LogAlphaProjection, ParameterAveraging, TensorBoard
 from .compiled import CompiledStep
 from .device import resolve_device
 from .distributed import DistributedConfig, DistributedError, is_main_process
@@ -9,12 +9,26 @@ from .errors import NonFiniteLossError
 from .free_energy import FreeEnergy, free_energy
 from .graphed import GraphedStep
 from .loop import Run, fit
-from .objectives import BayesObjective, ConstrainedObjective, Objective, PenalizedObjective, constrained_summary
+from .objectives import (
+    Bayes,
+    BayesObjective,
+    Constrained,
+    ConstrainedObjective,
+    Objective,
+    Penalized,
+    PenalizedObjective,
+    constrained_summary,
+)
 from .optimizers import clipped, parameter_groups
 from .training import TrainResult, train
 
 __all__ = [
+    "Bayes",
     "BayesObjective",
+    "Constrained",
+    "LogAlphaProjection",
+    "ParameterAveraging",
+    "Penalized",
     "Callback",
     "EarlyStopping",
     "Run",

@@ -4,7 +4,6 @@ import math
 import numbers
 from collections.abc import Iterable
 
-import numpy as np
 import torch
 
 from .._checks import check_seed, whole
@@ -14,31 +13,9 @@ from .callbacks.base import Callback
 from .compiled import requirement_error
 from .device import resolve_device
 from .graphed import GRAPH_REQUIREMENT
-from .objectives.constrained import DUAL_RESTARTS
-from .objectives.final_phase import EACH, FINAL_PHASE, RANK, RANKS, WAIT
+from .objectives.settings import as_objective
 
-__all__ = ["OBJECTIVES", "check_arguments"]
-
-OBJECTIVES = ("bayes", "penalized", "constrained")
-
-
-#: The constrained objective's settings and their defaults: other objectives have no use for them.
-CONSTRAINED_ONLY = {
-    "target_density": None,
-    "target_flops": None,
-    "target_architecture": None,
-    "per_layer": False,
-    "rank": RANK,
-    "arrival": WAIT,
-    "multiplier_lr": None,
-    "dual_restarts": DUAL_RESTARTS,
-    "final_phase": FINAL_PHASE,
-    "target_warmup": 0,
-}
-
-
-def _is_each(v):
-    return isinstance(v, str) and v == EACH
+__all__ = ["check_arguments"]
 
 
 def _is_number(v):
@@ -65,38 +42,6 @@ def _count_rules(name, low):
     )
 
 
-def _fractions_kind(v):
-    """A target's kind: a number, a list or tuple of numbers (one per layer), or a real tensor or array (not bools)."""
-    if isinstance(v, (list, tuple)):
-        return len(v) > 0 and all(_is_number(e) for e in v)
-    if torch.is_tensor(v):
-        return v.numel() >= 1 and not v.is_complex() and v.dtype != torch.bool
-    if isinstance(v, np.ndarray):
-        return v.size >= 1 and v.dtype.kind in "iuf"
-    return _is_number(v)
-
-
-def _is_default(value, default):
-    """Whether a constrained setting keeps its default (``per_layer=0`` does; a tensor target never does)."""
-    if value is default:
-        return True
-    if default is None or torch.is_tensor(value) or isinstance(value, (list, tuple, np.ndarray)):
-        return False
-    try:
-        return bool(value == default)
-    except (TypeError, ValueError):
-        return False
-
-
-def _set_apart(a):
-    """The constrained settings given to another objective, as ``name=value`` phrases."""
-    return [f"{k}={a[k]!r}" for k, default in CONSTRAINED_ONLY.items() if not _is_default(a[k], default)]
-
-
-def _pair_of_numbers(v):
-    return isinstance(v, (tuple, list)) and len(v) == 2 and all(_is_number(e) for e in v)
-
-
 def _finite_positive(v):
     return _is_number(v) and math.isfinite(float(v)) and float(v) > 0
 
@@ -109,35 +54,14 @@ def _threads_ok(v):
     return True
 
 
-def _density_ok(v):
-    if v is None:
-        return False
-    t = torch.as_tensor(v, dtype=torch.float64) if not torch.is_tensor(v) else v.detach().double()
-    return t.numel() >= 1 and bool(((t > 0) & (t <= 1)).all())
-
-
-def _density_rules(name):
-    """The rules of a constrained target (``target_density``, ``target_flops``) when it is given."""
-    given = lambda a: a["objective"] == "constrained" and a[name] is not None  # noqa: E731
-    return (
-        (
-            given,
-            lambda a: _fractions_kind(a[name]),
-            f"{name} must be a number in (0, 1] (or with per_layer=True one per gated layer), got {{{name}!r}}",
-            TypeError,
-        ),
-        (given, lambda a: _density_ok(a[name]), f"constrained training needs {name} in (0, 1], got {{{name}!r}}"),
-    )
-
-
 def _fused_loss_flag(name, requirement):
     """The two rules of a flag that needs the model's fused loss (``compile``, ``cuda_graph``): a bool, and the loss."""
     return (
         (lambda a: True, lambda a: isinstance(a[name], bool), f"{name} must be True or False, got {{{name}!r}}"),
         (
-            lambda a: a[name] is True and a["objective"] in OBJECTIVES,
-            lambda a: requirement_error(a["model"], a["objective"], **requirement) is None,
-            lambda a: requirement_error(a["model"], a["objective"], **requirement),
+            lambda a: a[name] is True,
+            lambda a: requirement_error(a["model"], a["objective"].name, **requirement) is None,
+            lambda a: requirement_error(a["model"], a["objective"].name, **requirement),
         ),
     )
 
@@ -154,20 +78,6 @@ _ARGUMENT_RULES = (
             f"loss_fn) without gates), got {type(a['model']).__name__}"
         ),
         TypeError,
-    ),
-    (
-        lambda a: True,
-        lambda a: a["objective"] in OBJECTIVES,
-        "objective must be one of {OBJECTIVES}, got {objective!r}",
-    ),
-    (
-        lambda a: a["objective"] in OBJECTIVES and a["objective"] != "constrained",
-        lambda a: not _set_apart(a),
-        lambda a: (
-            f"{', '.join(_set_apart(a))}: only objective='constrained' trains to a target, and "
-            f"objective={a['objective']!r} would ignore it; pass objective='constrained' or leave "
-            f"{' and '.join(p.split('=')[0] for p in _set_apart(a))} out"
-        ),
     ),
     *_count_rules("epochs", 0),
     *_count_rules("batch_size", 1),
@@ -201,57 +111,6 @@ _ARGUMENT_RULES = (
         ),
     ),
     (
-        lambda a: a["objective"] == "constrained",
-        lambda a: sum(a[k] is not None for k in ("target_density", "target_flops", "target_architecture")) == 1,
-        "constrained training needs one of target_density (a fraction of the parameters), target_flops "
-        "(a fraction of the FLOPs) and target_architecture (the sizes of every block of a transformer), got "
-        "target_density={target_density!r}, target_flops={target_flops!r}, "
-        "target_architecture={target_architecture!r}",
-    ),
-    *_density_rules("target_density"),
-    *_density_rules("target_flops"),
-    (
-        lambda a: a["objective"] == "constrained" and a["arrival"] is not None,
-        lambda a: _is_each(a["arrival"]) or (_is_number(a["arrival"]) and 0 <= float(a["arrival"]) < math.inf),
-        "arrival must be a number >= 0, None or 'each', got {arrival!r}",
-    ),
-    (
-        lambda a: a["objective"] == "constrained" and _is_each(a["arrival"]),
-        lambda a: a["target_architecture"] is not None,
-        "arrival='each' fixes each constraint of a target_architecture on its own: give target_architecture, or "
-        "arrival=None or a number",
-    ),
-    *_count_rules("target_warmup", 0),
-    (
-        lambda a: a["objective"] == "constrained",
-        lambda a: a["rank"] in RANKS,
-        "rank must be one of {RANKS}, got {rank!r}",
-    ),
-    (
-        lambda a: a["objective"] == "constrained" and a["multiplier_lr"] is not None,
-        lambda a: (
-            _is_number(a["multiplier_lr"]) and math.isfinite(float(a["multiplier_lr"])) and a["multiplier_lr"] >= 0
-        ),
-        "multiplier_lr must be a finite number >= 0, got {multiplier_lr!r}",
-    ),
-    (
-        lambda a: a["objective"] == "constrained",
-        lambda a: _is_number(a["final_phase"]) and 0 <= float(a["final_phase"]) < 1,
-        "final_phase must lie in [0, 1), got {final_phase!r}",
-    ),
-    (
-        lambda a: a["log_alpha_range"] is not None,
-        lambda a: _pair_of_numbers(a["log_alpha_range"]),
-        "log_alpha_range must be a pair (low, high) of numbers, e.g. (math.log(0.01), math.log(100)), or None, "
-        "got {log_alpha_range!r}",
-        TypeError,
-    ),
-    (
-        lambda a: a["log_alpha_range"] is not None,
-        lambda a: float(a["log_alpha_range"][0]) < float(a["log_alpha_range"][1]),
-        "log_alpha_range must be (low, high) with low < high, got {log_alpha_range!r}",
-    ),
-    (
         lambda a: a["callbacks"] is not None,
         lambda a: not isinstance(a["callbacks"], (Callback, str, bytes)) and _iterable(a["callbacks"]),
         lambda a: (
@@ -259,11 +118,6 @@ _ARGUMENT_RULES = (
             + (": put it in a list, callbacks=[...]" if isinstance(a["callbacks"], Callback) else "")
         ),
         TypeError,
-    ),
-    (
-        lambda a: a["ema_decay"] is not None,
-        lambda a: _is_number(a["ema_decay"]) and 0.0 <= float(a["ema_decay"]) < 1.0,
-        "ema_decay must lie in [0, 1), got {ema_decay!r}",
     ),
     (
         lambda a: a["resume"],
@@ -328,12 +182,13 @@ def _iterable(x):
 
 
 def check_arguments(args, x, y):
-    """Raise the first failed rule of :data:`_ARGUMENT_RULES` and :data:`_DATA_RULES`."""
+    """Raise the first failed rule of :data:`_ARGUMENT_RULES` and :data:`_DATA_RULES`; ``args["objective"]`` becomes
+    its :class:`~l0bayes.inference.objectives.ObjectiveSettings` (the objective's own settings are checked where
+    they are defined, when it is built)."""
+    args["objective"] = as_objective(args["objective"])
     for applies, holds, message, *error in _ARGUMENT_RULES:
         if applies(args) and not holds(args):
-            raise (error[0] if error else ValueError)(
-                message(args) if callable(message) else message.format(OBJECTIVES=OBJECTIVES, RANKS=RANKS, **args)
-            )
+            raise (error[0] if error else ValueError)(message(args) if callable(message) else message.format(**args))
     resolve_device(args["device"])  # a clear error naming device= (not one deep inside torch.device)
     args["seed"] = check_seed(args["seed"])  # (torch.manual_seed raised "Overflow when unpacking long long")
     for name in ("epochs", "batch_size", "record_every", "num_data"):  # whole numbers as Python ints

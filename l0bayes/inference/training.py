@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._checks import whole
 from ..threads import thread_policy
 from .arguments import check_arguments
 from .batches import CheckedBatches, make_batches
@@ -22,9 +21,7 @@ from .callbacks import (
     Checkpointing,
     FiniteParameters,
     History,
-    LogAlphaProjection,
     LRSchedule,
-    ParameterAveraging,
     ProgressBar,
 )
 from .callbacks.records import check_held_out
@@ -33,9 +30,6 @@ from .data_checks import DataCheck, check_data
 from .distributed import DataParallelContext, seed_everything
 from .graphed import GraphedStep
 from .loop import ACCELERATOR_CHECK_EVERY, FiniteCheck, Run, fit
-from .objectives import make_objective
-from .objectives.constrained import DUAL_RESTARTS, MULTIPLIER_LR_PER_LR
-from .objectives.final_phase import FINAL_PHASE, RANK, WAIT
 from .optimizers import default_optimizer, describe_optimizer, describe_scheduler, gate_lr
 from .resume import check_signature, held_out_signature, resume_point, run_signature
 
@@ -65,23 +59,10 @@ def train(
     seed=0,
     test_data=None,
     validation_data=None,
-    target_density=None,
-    target_flops=None,
-    target_architecture=None,
-    rank=RANK,
-    arrival=WAIT,
-    per_layer=False,
-    multiplier_lr=None,
-    dual_restarts=DUAL_RESTARTS,
     checkpoint=None,
     resume=False,
     progress=True,
-    input_shape=None,
     distributed=None,
-    log_alpha_range=None,
-    ema_decay=None,
-    final_phase=FINAL_PHASE,
-    target_warmup=0,
     record_every=1,
     optimizer=None,
     scheduler=None,
@@ -113,34 +94,15 @@ def train(
         names ``num_data`` as soon as the count passes it (so an endless iterable such as ``itertools.cycle``
         is an error). With tensors, ``None`` or the number of rows of ``x`` (another number is a
         ``ValueError``).
-    :param str objective: ``"bayes"``: SVI on the free energy of Eq. 21 with
-        ``TraceMeanField_ELBO`` (analytic gate KL, code cost as a factor); ``"penalized"``:
-        Eq. 22 (no KL); ``"constrained"``: minimise the data term subject to the pruned model keeping at most
-        ``target_density`` of the dense model's parameters, or ``target_flops`` of its FLOPs per example
-        (counted as :func:`~l0bayes.pruning.prune` removes: :mod:`l0bayes.pruning.size`); one global
-        constraint, or one per gated layer with ``per_layer=True``, where the target may list one per layer:
-        :class:`~l0bayes.inference.objectives.ConstrainedObjective`. A Lagrangian on the expected fraction
-        under :math:`q` (projected gradient ascent on the multipliers, step ``multiplier_lr``, by default
-        ``3 * lr``: Adam moves a ``log_alpha`` by at most about ``lr`` per step, and the multiplier moves on the
-        same time scale; with ``dual_restarts`` resetting a multiplier to zero whenever its constraint holds),
-        then fixed gates that meet the target in the pruned model while the weights go on training, for the
-        last ``final_phase`` fraction of the epochs (a warning says when the expected fraction is then more
-        than 0.02 above the target, and how many more epochs the Lagrangian needed; ``arrival=0.02`` waits for
-        it instead, until the last epoch at the latest; with ``target_architecture``, ``arrival="each"`` fixes
-        each block's size on its own after the first step at which it arrives; ``target_warmup=W`` moves the
-        targets linearly from the dense model to ``target_*`` over the first ``W`` steps, so that the gates close
-        gradually while the weights train).
-        ``rank`` orders the groups kept (``"log_alpha"`` or ``"norm"``). Instead of a fraction, a transformer
-        gated by :func:`~l0bayes.pruning.sparsify_transformer` takes ``target_architecture``: the sizes of every
-        block, e.g. ``{"num_key_value_heads": 1, "intermediate_size": 768, "num_hidden_layers": 15}``
-        (:class:`~l0bayes.pruning.TargetArchitecture`), with one constraint per block and size on the expected
-        number of kept key-value groups and units, one on the expected number of kept blocks, and a final phase
-        that keeps exactly the top-ranked ones, so that the pruned model has these sizes in every block.
-        The history records the expected fraction (``constraint``), the pruned model's (``test_time_density``,
-        ``test_time_density_per_layer``, ``test_time_flops`` when the input shape is known) and the multipliers.
-        These settings (``target_density``, ``target_flops``, ``target_architecture``, ``per_layer``, ``rank``,
-        ``arrival``, ``multiplier_lr``, ``dual_restarts``, ``final_phase``, ``target_warmup``) are the constrained
-        objective's: given to another objective, which would ignore them, they are a ``ValueError``.
+    :param objective: what to minimise (:mod:`l0bayes.inference.objectives`, where each objective's settings are
+        defined and checked): ``"bayes"`` or :class:`~l0bayes.inference.objectives.Bayes`, SVI on the free energy
+        of Eq. 21 with ``TraceMeanField_ELBO`` (analytic gate KL, code cost as a factor); ``"penalized"`` or
+        :class:`~l0bayes.inference.objectives.Penalized`, Eq. 22 (no KL);
+        :class:`~l0bayes.inference.objectives.Constrained`, the data term subject to a target size of the pruned
+        model, e.g. ``Constrained(target_density=0.3, target_warmup=150)``: a Lagrangian on the expected size, then
+        fixed gates that meet the target for the last part of the run. The history then records the expected
+        fraction (``constraint``), the pruned model's (``test_time_density``, ``test_time_density_per_layer``,
+        ``test_time_flops``) and the multipliers.
     :param device: where to train: ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a
         :class:`torch.device` that can train (not ``"meta"``). The model moves
         there for training and back to the device it was on when ``train`` returns (or raises), like the
@@ -168,43 +130,30 @@ def train(
         phase begins later in a longer run, so a checkpoint written during it also keeps the state of the run
         when it began, and a longer run continues from there; a resume that could not be exact, e.g. fewer
         epochs past a final phase, is a ``ValueError`` saying which ``epochs`` would be.)
-    :param input_shape: input shape (without batch) for the expected FLOPs of a gated network (recorded each
-        epoch) and for ``target_flops``; the constrained objective takes it from ``x`` when ``x`` is a tensor.
     :param distributed: data-parallel training under ``torchrun`` (see :mod:`l0bayes.inference.distributed`):
         ``None`` (default) uses ``DistributedDataParallel`` whenever there are several processes;
         ``batch_size`` is then the global minibatch, each rank takes its ``DistributedSampler`` shard
         of every epoch and draws its own gates, and only rank 0 records history, shows progress and
         writes checkpoints (other ranks return an empty history). ``False`` disables it; a
         :class:`~l0bayes.inference.distributed.DistributedConfig` sets backend, timeout and gate noise.
-    :param log_alpha_range: ``(low, high)``: after every step each gate's ``log_alpha`` is projected onto
-        ``[low, high]``. The paper's code uses ``(log 0.01, log 100)``: a kept gate then stays exactly 1
-        only with probability about 0.95 (Eq. 12 with ``temperature=2/3``), so some gate noise remains
-        for the whole run instead of vanishing as ``log_alpha`` grows without bound. ``None``: no
-        projection. (The constrained objective's final phase fixes the gates outside this range.)
-    :param ema_decay: ``beta`` in ``[0, 1)``: keep the exponential moving average of all parameters,
-        :math:`\bar\theta_t = \sum_{s \le t} (1-\beta)\beta^{t-s}\theta_s / (1-\beta^t)` (bias-corrected),
-        and report every epoch's record (free energy, gates, test error, FLOPs) for the averaged
-        parameters, which the returned model holds at the end (the raw ones go on training and are
-        what a checkpoint resumes from). The paper's code evaluates with ``beta = 0.999``. ``None``: no
-        averaging.
     :param optimizer: ``None`` (Adam at ``lr`` over every parameter, fused where possible) or a factory
         ``model -> torch.optim.Optimizer``, called once on the model (after it is moved to ``device``);
         :func:`~l0bayes.inference.parameter_groups` gives the gates (``log_alpha``) their own group, e.g.
         their own step size and no weight decay, and :func:`~l0bayes.inference.clipped` clips the weights'
         gradients to a total norm before every step. ``lr`` is then not used by the optimiser; the constrained
-        objective's multiplier step is still ``3 *`` a step size unless ``multiplier_lr`` is given: three
-        times the initial step size of the group holding the gates (as the factory built it, before any
-        schedule), and it stays fixed while a schedule changes the optimiser's.
+        objective's default multiplier step is three times the initial step size of the group holding the gates
+        (as the factory built it, before any schedule).
     :param scheduler: ``None`` or a factory ``optimizer -> torch.optim.lr_scheduler.LRScheduler``; the
         schedule is stepped once at the end of every epoch (``ReduceLROnPlateau`` with the epoch's mean
         training loss), so a ``MultiStepLR(milestones=[60, 120, 160])`` drops the step size after those epochs.
         The optimiser's and the schedule's state go into the checkpoint, and resuming with another optimiser
         class, other settings of a group or another schedule is a ``ValueError`` naming what differs.
     :param int record_every: the full end-of-epoch record (free energy on a fixed subset of up to 1000
-        training examples, test error, FLOPs; every pass over the data on at most one training minibatch's rows at
-        a time, without gradients, so that a large model's record fits where its steps do) every ``record_every``
-        epochs and at the last; the other epochs record only the mean training loss, wall time and the
-        objective's own entries. Each record says which it is (``full_record``).
+        training examples, test error, the expected FLOPs per example of a network that
+        :func:`~l0bayes.pruning.prune` can count, for the shape of the training examples; every pass over the
+        data on at most one training minibatch's rows at a time, without gradients, so that a large model's record
+        fits where its steps do) every ``record_every`` epochs and at the last; the other epochs record only the
+        mean training loss, wall time and the objective's own entries. Each record says which it is (``full_record``).
     :param bool compile: run each training step's forward, loss and backward under :func:`torch.compile`
         (:class:`~l0bayes.inference.compiled.CompiledStep`): fewer, fused kernels per step, for models with the
         fused losses (e.g. :class:`~l0bayes.models.SparseClassifier`), not with ``distributed``. The first
@@ -223,10 +172,15 @@ def train(
         ``OMP_NUM_THREADS`` is set or an enclosing ``thread_policy`` chose (then that count): torch's default,
         one spinning OpenMP thread per core, runs many times slower as soon as another process wants a core.
         ``None``: torch's count as it is (e.g. after your own ``torch.set_num_threads``); an int: that count.
-    :param callbacks: more :class:`~l0bayes.inference.callbacks.Callback` objects (e.g.
+    :param callbacks: more :class:`~l0bayes.inference.callbacks.Callback` objects, called after the ones ``train``
+        builds from its arguments (history, schedule, progress) and before the checkpoint, which saves their
+        state: a resume continues them too. ``None``: none. E.g.
         :class:`~l0bayes.inference.callbacks.TensorBoard`, :class:`~l0bayes.inference.callbacks.EarlyStopping`,
-        your own), called after the ones ``train`` builds from its arguments (history, schedule, progress)
-        and before the checkpoint, which saves their state: a resume continues them too. ``None``: none.
+        your own, and two that act on the parameters, which run before the record so that it sees their effect:
+        :class:`~l0bayes.inference.callbacks.ParameterAveraging` ``(decay)``, the bias-corrected moving average of
+        the parameters that every record evaluates and the returned model holds (the paper's code evaluates with
+        ``0.999``), and :class:`~l0bayes.inference.callbacks.LogAlphaProjection` ``(low, high)``, every gate's
+        ``log_alpha`` projected onto ``[low, high]`` after each step (the paper's code: ``(log 0.01, log 100)``).
     :returns: :class:`TrainResult` with the per-epoch history (every free-energy term, the expected
         L0, expected FLOPs, test error, multipliers and densities, wall time, and ``lr``: the step size of
         each of the optimiser's parameter groups during that epoch).
@@ -328,21 +282,8 @@ def _build_run(model, x, y, a, ddp):
     batches = make_batches(x, y, a["batch_size"], a["seed"], ddp, a["num_data"], DataCheck(model))
     optimizer, schedule, settings = _build_optimizer(model, a["lr"], a["optimizer"], a["scheduler"])
     gate_step = settings.pop("gate_lr")  # not part of the signature: the optimiser's description holds it
-    multiplier_lr = MULTIPLIER_LR_PER_LR * gate_step if a["multiplier_lr"] is None else a["multiplier_lr"]
-    constrained = {
-        k: a[k]
-        for k in (
-            "target_density", "target_flops", "target_architecture", "rank", "arrival", "per_layer", "dual_restarts",
-            "final_phase",
-        )
-    }  # fmt: skip
-    if a["objective"] == "constrained":
-        constrained["target_warmup"] = whole(a["target_warmup"])  # (3.0 means 3)
-        shape = a["input_shape"]
-        if shape is None and torch.is_tensor(x):
-            shape = tuple(x.shape[1:])
-        constrained["input_shape"] = shape
-    objective = make_objective(a["objective"], model, batches.num_data, multiplier_lr=multiplier_lr, **constrained)
+    shape = tuple(x.shape[1:]) if torch.is_tensor(x) else None
+    objective = a["objective"].build(model, batches.num_data, gate_lr=gate_step, input_shape=shape)
     # A host read of the objective every step stalls an accelerator: there the flag is read every so often.
     finite = FiniteCheck(1 if ddp.device.type == "cpu" else ACCELERATOR_CHECK_EVERY)
     step_function = CompiledStep(objective) if a["compile"] else objective.step_with_data
@@ -352,7 +293,7 @@ def _build_run(model, x, y, a, ddp):
     run = Run(model, optimizer, objective, batches, step, int(a["epochs"]), batches.num_data, ddp.device)
     run.finite = finite
     run.steps_per_epoch, run.is_main, run.schedule = batches.steps_per_epoch, ddp.is_main, schedule
-    signature = run_signature(a["objective"], a["lr"], batches.batch_size, x, y)
+    signature = run_signature(objective.name, a["lr"], batches.batch_size, x, y)
     signature["validation"] = held_out_signature(a["validation_data"])
     return run, {**signature, **settings}
 
@@ -373,18 +314,19 @@ def _step(step_objective, step_function, ddp, finite):
 
 
 def _callbacks(run, a, checkpointing, subset):
-    """The callbacks ``train``'s arguments ``a`` ask for, then the user's, then the checkpoint."""
-    built = [FiniteParameters()]
-    if a["log_alpha_range"] is not None:
-        built.append(LogAlphaProjection(*a["log_alpha_range"]))
-    if a["ema_decay"] is not None:
-        built.append(ParameterAveraging(a["ema_decay"]))
-    built.append(History(subset, a["test_data"], a["input_shape"], a["record_every"], a["validation_data"]))
+    """The callbacks ``train``'s arguments ``a`` ask for and the user's, then the checkpoint: the user's that act on the
+    parameters (:attr:`~l0bayes.inference.callbacks.Callback.before_records`) before the record, the others after."""
+    mine = list(a["callbacks"])
+    first = [cb for cb in mine if getattr(cb, "before_records", False)]
+    shape = getattr(run.objective, "settings", None)
+    shape = getattr(shape, "input_shape", None)  # (a Constrained objective's own, else the training examples')
+    built = [FiniteParameters(), *first]
+    built.append(History(subset, a["test_data"], shape, a["record_every"], a["validation_data"]))
     if run.schedule is not None:
         built.append(LRSchedule(run.schedule))
     if a["progress"]:
-        built.append(ProgressBar(a["objective"]))
-    built += list(a["callbacks"])
+        built.append(ProgressBar(run.objective.name))
+    built += [cb for cb in mine if not getattr(cb, "before_records", False)]
     return CallbackList(built + ([checkpointing] if checkpointing is not None else []))
 
 

@@ -3,10 +3,10 @@
 * :class:`Callback`, :class:`CallbackList`: the hooks (:mod:`.base`);
 * :class:`ProgressBar` (:mod:`.progress`), :class:`History` (:mod:`.records`),
   :class:`FiniteParameters` (:mod:`.checks`),
-  :class:`Checkpointing` (:mod:`.checkpointing`), :class:`ParameterAveraging` (:mod:`.averaging`),
-  :class:`LogAlphaProjection` (:mod:`.projection`), :class:`LRSchedule` (:mod:`.schedule`):
+  :class:`Checkpointing` (:mod:`.checkpointing`), :class:`LRSchedule` (:mod:`.schedule`):
   what :func:`~l0bayes.inference.train` builds from its arguments;
-* :class:`TensorBoard` (:mod:`.tensorboard`) and :class:`EarlyStopping` (:mod:`.early_stopping`):
+* :class:`ParameterAveraging` (:mod:`.averaging`), :class:`LogAlphaProjection` (:mod:`.projection`),
+  :class:`TensorBoard` (:mod:`.tensorboard`) and :class:`EarlyStopping` (:mod:`.early_stopping`):
   add them with ``train(..., callbacks=[...])``.
 """
 

@@ -2,10 +2,13 @@
 
 import contextlib
 
+from ..._checks import Rule, check_args
 from ..averaging import ParameterAverage
 from .base import Callback
 
 __all__ = ["ParameterAveraging"]
+
+_DECAY = Rule("a number in [0, 1)", lambda v: (v >= 0) & (v < 1))
 
 
 class ParameterAveraging(Callback):
@@ -20,11 +23,13 @@ class ParameterAveraging(Callback):
     """
 
     state_key = "ema"
+    before_records = True
     #: A resume needs the average (the message when the checkpoint has none).
-    required_in_checkpoint = "holds no parameter average: it was not trained with ema_decay"
+    required_in_checkpoint = "holds no parameter average: it was not trained with ParameterAveraging"
 
     def __init__(self, decay):
-        self.decay = decay
+        check_args("ParameterAveraging", {"decay": _DECAY}, decay=decay)
+        self.decay = float(decay)
         self.average = None
 
     def setup(self, run):

@@ -43,9 +43,12 @@ class Callback:
     ``weights_only=True``) and takes it back in :meth:`load_state_dict`.
 
     :attr:`state_key`: the name of the callback's entry in a checkpoint (default: the class name).
+    :attr:`before_records`: a callback that acts on the parameters (an average, a projection) sets it, so that
+    :func:`~l0bayes.inference.train` runs it before the epoch's record, which then sees its effect.
     """
 
     state_key = None
+    before_records = False
 
     def setup(self, run):
         """Once the run exists (model, optimiser, objective), before a checkpoint's state is loaded."""

@@ -2,6 +2,7 @@
 
 import torch
 
+from ..._checks import FINITE, check_args
 from ...nn.gates import gates_of
 from .base import Callback
 
@@ -18,10 +19,13 @@ class LogAlphaProjection(Callback):
     :param low, high: the range, ``low < high``.
     """
 
+    before_records = True
+
     def __init__(self, low, high):
+        check_args("LogAlphaProjection", {"low": FINITE, "high": FINITE}, low=low, high=high)
         self.low, self.high = float(low), float(high)
         if not self.low < self.high:
-            raise ValueError(f"log_alpha_range must be (low, high) with low < high, got {(low, high)!r}")
+            raise ValueError(f"LogAlphaProjection: low must be below high, got low={low!r}, high={high!r}")
         self.log_alphas = None
 
     def setup(self, run):

@@ -28,7 +28,10 @@ class History(Callback):
     :param test_data: ``(x, y)`` tensors, or an iterable of such batches, or ``None``.
     :param validation_data: the same, recorded as ``validation_error`` (``validation_rmse``,
         ``validation_loss``): the data to choose on (:class:`~l0bayes.inference.callbacks.EarlyStopping`).
-    :param input_shape: input shape (without batch) for the expected FLOPs of a gated network, or ``None``.
+    :param input_shape: one example's shape (without the batch dimension) for the expected FLOPs of a gated
+        network, or ``None``: the shape of the training examples of ``train_subset``. FLOPs are recorded for the
+        networks that :func:`~l0bayes.pruning.prune` can count (:mod:`l0bayes.pruning.size`), not for others
+        (a regression, a network without gates).
     :param int record_every: the full record every ``record_every`` epochs and at the last; the other
         epochs record only the mean training loss, wall time, step sizes and the objective's own entries.
         Each record says which it is (``full_record``).
@@ -41,6 +44,12 @@ class History(Callback):
         self.input_shape = input_shape
         self.record_every = int(record_every)
         self.start = None
+
+    def setup(self, run):
+        shape = self.input_shape
+        if shape is None and self.train_subset is not None:
+            shape = tuple(self.train_subset[0].shape[1:])
+        self.input_shape = shape if _counts_flops(run.model, shape) else None
 
     def on_epoch_start(self, run):
         self.start = time.perf_counter()
@@ -61,6 +70,19 @@ class History(Callback):
                 )
         record["full_record"] = full
         run.history.append(record)
+
+
+def _counts_flops(model, input_shape):
+    """Whether the expected FLOPs per example of ``model``'s network can be counted for ``input_shape``."""
+    from ...pruning.size import network_size
+
+    if input_shape is None or not gates_of(model):
+        return False
+    try:
+        network_size(model, input_shape).flops("expected")
+    except (ValueError, TypeError, NotImplementedError):  # a network prune() does not handle
+        return False
+    return True
 
 
 def full_record(run, train_subset, test_data=None, input_shape=None, validation_data=None):

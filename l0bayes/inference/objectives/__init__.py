@@ -1,6 +1,9 @@
-r"""One small estimator object per training objective, behind the one loop of :func:`~l0bayes.inference.train`.
+r"""The training objectives: the settings a user chooses, and the small estimator each becomes in a run.
 
-As Pyro's ``SVI`` holds an ELBO, the loop holds an :class:`Objective`. Each knows:
+A user builds :class:`Bayes`, :class:`Penalized` or :class:`Constrained` (:mod:`.settings`: every objective
+setting defined and checked there) and gives it to :func:`~l0bayes.inference.train`, which binds it to the model
+(:meth:`ObjectiveSettings.build`). As Pyro's ``SVI`` holds an ELBO, the loop holds the :class:`Objective` that
+gives. Each knows:
 
 * :meth:`~Objective.step`: its loss on a minibatch, in nats (data term scaled by ``N/B``), and the
   differentiable per-example value the optimiser minimises, plus any step statistics (a tensor or
@@ -29,10 +32,17 @@ from .bayes import BayesObjective
 from .constrained import MULTIPLIER_LR, MULTIPLIER_LR_PER_LR, ConstrainedObjective
 from .final_phase import FINAL_PHASE
 from .penalized import PenalizedObjective
+from .settings import OBJECTIVES, Bayes, Constrained, ObjectiveSettings, Penalized, as_objective
 from .summary import constrained_rows, constrained_summary
 
 __all__ = [
     "FINAL_PHASE",
+    "OBJECTIVES",
+    "Bayes",
+    "Constrained",
+    "ObjectiveSettings",
+    "Penalized",
+    "as_objective",
     "MULTIPLIER_LR",
     "MULTIPLIER_LR_PER_LR",
     "BayesObjective",
@@ -41,14 +51,4 @@ __all__ = [
     "PenalizedObjective",
     "constrained_rows",
     "constrained_summary",
-    "make_objective",
 ]
-
-
-def make_objective(objective, model, num_data, **constrained):
-    """The :class:`Objective` named ``objective`` (``"bayes"``, ``"penalized"`` or ``"constrained"``)."""
-    if objective == "bayes":
-        return BayesObjective(model, num_data)
-    if objective == "penalized":
-        return PenalizedObjective(model, num_data)
-    return ConstrainedObjective(model, num_data, **constrained)

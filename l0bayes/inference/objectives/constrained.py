@@ -6,7 +6,6 @@ then a final phase that fixes the gates (:mod:`~l0bayes.inference.objectives.fin
 """
 
 import math
-import numbers
 
 import torch
 
@@ -19,11 +18,7 @@ from .base import Objective, traced_free_energy
 from .final_phase import (
     ARRIVAL,
     EACH,
-    FINAL_PHASE,
-    RANK,
-    RANKS,
     TRAJECTORY,
-    WAIT,
     epochs_advice,
     epochs_needed,
     fit_groups,
@@ -67,73 +62,32 @@ class ConstrainedObjective(Objective):
     :math:`\sigma(\beta\log(-\gamma/\zeta) - 50) \approx 10^{-21}`, and the Eq. 13 gates are exactly these.
     The weights then train for the data term alone, with the test-time architecture.
 
-    :param target_density: :math:`\epsilon` in ``(0, 1]``, of parameters: a float, or with ``per_layer`` one
-        per gated layer (of that layer's own parameters).
-    :param target_flops: instead, :math:`\epsilon` of FLOPs per example (needs ``input_shape``, or a model of
-        :func:`~l0bayes.pruning.sparsify`).
-    :param bool per_layer: one constraint (and multiplier) per gated layer instead of one for the network.
-    :param multiplier_lr: :math:`\eta`, the ascent step of the multipliers per training step
-        (:func:`~l0bayes.inference.train` uses ``3 * lr`` unless told otherwise).
-    :param bool dual_restarts: reset a multiplier to zero whenever its constraint is satisfied.
-    :param final_phase: fraction of the epochs (rounded up, at least one epoch when positive) with fixed gates
-        (fewer with ``arrival``, when the Lagrangian arrives late); ``0`` trains on the Lagrangian throughout
-        (the expected fraction then meets the target, the pruned model's need not).
+    :param settings: the :class:`~l0bayes.inference.objectives.Constrained` object whose settings (the target,
+        ``per_layer``, ``rank``, ``arrival``, ``dual_restarts``, ``final_phase``, ``target_warmup``) this run
+        follows; they are defined, checked and documented there. Build one with its
+        :meth:`~l0bayes.inference.objectives.Constrained.build`.
+    :param multiplier_lr: :math:`\eta`, the ascent step of the multipliers per training step.
     :param input_shape: one example's shape (no batch dimension), for FLOPs.
-    :param rank: how the final phase ranks the groups.
-    :param arrival: ``None`` (default) fixes the gates at :meth:`final_phase_start` wherever the Lagrangian
-        is; a number waits until every expected fraction is at most its target plus it (the last epoch at
-        the latest). ``"each"`` (with ``target_architecture`` only) fixes each constraint's gates on its own,
-        to exactly its ``k`` top-ranked groups, after the first step at which its expected fraction is at most
-        its target (its multiplier is then zero): the blocks that arrive first do not go on past their targets
-        while the others catch up (measured on SmolLM2: Adam's momentum and the multipliers built up meanwhile
-        carried early blocks to half of their target width). Once every constraint is fixed
-        (:attr:`all_fixed`) the gated model is the pruned architecture; the constraints not fixed by
-        :meth:`final_phase_start` are fixed there, wherever they are.
-    :param int target_warmup: the number of steps over which the targets move linearly from the dense model
-        (1) to ``target_*`` (CoFi's and Sheared-LLaMA's Lagrangian warm-up): at step :math:`s` (from 0) the
-        constraint is :math:`d_k \le 1 - (1 - \epsilon_k) \min(1, (s + 1) / W)`, so the gates close gradually
-        while the weights train beside them instead of all at once. ``0`` (default): the target from the first
-        step. The final phase, ``arrival`` and ``"each"`` judge arrival against the final target.
+
+    With ``arrival="each"`` each constraint's gates are fixed on their own, to exactly its ``k`` top-ranked
+    groups, after the first step at which its expected fraction is at most its target (its multiplier is then
+    zero): the blocks that arrive first do not go on past their targets while the others catch up (measured on
+    SmolLM2: Adam's momentum and the multipliers built up meanwhile carried early blocks to half of their target
+    width). Once every constraint is fixed (:attr:`all_fixed`) the gated model is the pruned architecture; the
+    constraints not fixed by :meth:`final_phase_start` are fixed there, wherever they are. With ``target_warmup``
+    :math:`W`, at step :math:`s` (from 0) the constraint is :math:`d_k \le 1 - (1 - \epsilon_k) \min(1, (s + 1) /
+    W)`; the final phase, ``arrival`` and ``"each"`` judge arrival against the final target.
     """
 
     name = "constrained"
     fixed_log_alpha = 50.0
 
-    def __init__(
-        self,
-        model,
-        num_data,
-        target_density=None,
-        per_layer=False,
-        multiplier_lr=MULTIPLIER_LR,
-        dual_restarts=DUAL_RESTARTS,
-        final_phase=FINAL_PHASE,
-        target_flops=None,
-        input_shape=None,
-        rank=RANK,
-        arrival=WAIT,
-        target_architecture=None,
-        target_warmup=0,
-    ):
+    def __init__(self, model, num_data, settings, multiplier_lr=MULTIPLIER_LR, input_shape=None):
         super().__init__(model, num_data)
-        if isinstance(target_warmup, bool) or not isinstance(target_warmup, numbers.Integral) or target_warmup < 0:
-            raise ValueError(f"target_warmup must be a whole number >= 0, got {target_warmup!r}")
-        given = [t for t in (target_density, target_flops, target_architecture) if t is not None]
-        if len(given) != 1:
-            raise ValueError(
-                "the constrained objective needs exactly one of target_density (a fraction of the parameters), "
-                "target_flops (a fraction of the FLOPs) and target_architecture (the sizes of every block), got "
-                f"target_density={target_density!r}, target_flops={target_flops!r}, "
-                f"target_architecture={target_architecture!r}"
-            )
-        if rank not in RANKS:
-            raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+        self.settings = settings
+        target_density, target_flops = settings.target_density, settings.target_flops
+        target_architecture, per_layer, arrival = settings.target_architecture, settings.per_layer, settings.arrival
         each = isinstance(arrival, str) and arrival == EACH
-        if each and target_architecture is None:
-            raise ValueError(
-                f"arrival={EACH!r} fixes each constraint of a target_architecture on its own; with a target fraction "
-                "there is no constraint per block: give target_architecture, or arrival=None or a number"
-            )
         self.what = "parameters" if target_flops is None else "flops"
         self.target_name = "target_density" if target_flops is None else "target_flops"
         target = target_density if target_flops is None else target_flops
@@ -144,8 +98,6 @@ class ConstrainedObjective(Objective):
         self.per_layer = bool(per_layer)
         self.architecture = None
         if target_architecture is not None:  # one constraint per block and size named, and one on the blocks
-            if self.per_layer:
-                raise ValueError("per_layer=True: a target_architecture already constrains every block on its own")
             self.architecture = ArchitectureConstraints(model, target_architecture, self.layers, self.fixed_log_alpha)
             self.what, self.target_name = "architecture", "target_architecture"
             target = self.architecture.targets
@@ -155,23 +107,24 @@ class ConstrainedObjective(Objective):
             targets = targets.expand(count)
         if targets.numel() != count:
             raise ValueError(f"{self.target_name} has {targets.numel()} entries, the model {count} gated layers")
-        if not bool(((targets > 0) & (targets <= 1)).all()):
-            raise ValueError(f"{self.target_name} must lie in (0, 1], got {target!r}")
         if self.what == "flops" and input_shape is None and not _has_example_inputs(model):
-            raise ValueError("target_flops needs input_shape: the shape of one example, without the batch dimension")
+            raise ValueError(
+                "target_flops needs the shape of one example, without the batch dimension: training data as tensors "
+                "give it, else Constrained(input_shape=...)"
+            )
         self.size = network_size(model, input_shape)
         self.has_flops = self.size.calls is not None
         device = self.gates[0].log_alpha.device
         self.target_values = targets.tolist()  # exact, for the final phase's budget
         self.final_targets = targets.to(torch.float32).to(device)
-        self.target_warmup = int(target_warmup)
+        self.target_warmup = settings.target_warmup
         self.updates = 0  # the steps taken, for the warm-up of the targets
         self.targets = self.final_targets.clone()  # the targets of the next step (in place: a captured step reads it)
         self._warm_targets()
         self.multiplier_lr = float(multiplier_lr)
-        self.dual_restarts = bool(dual_restarts)
-        self.final_phase = float(final_phase)
-        self.rank = rank
+        self.dual_restarts = settings.dual_restarts
+        self.final_phase = settings.final_phase
+        self.rank = settings.rank
         self.each = each
         self.arrival = None if arrival is None or self.each else float(arrival)
         self.fixed_each = {}  # with arrival="each": constraint index -> the kept-gate masks of its holders

@@ -27,18 +27,45 @@ if __name__ == "__main__":
     out = sys.argv[1]
     x, y = data()
     common = dict(batch_size=16, lr=0.05, seed=3, progress=False, threads=1)
-    train(model(), x, y, objective="constrained", target_density=0.5, target_warmup=4, epochs=2,
-          checkpoint=f"{out}/constrained.pt", **common)
-    train(model(), x, y, objective="bayes", ema_decay=0.9, log_alpha_range=(math.log(0.01), math.log(100)),
-          epochs=2, checkpoint=f"{out}/bayes_ema.pt", **common)
+    train(
+        model(),
+        x,
+        y,
+        objective="constrained",
+        target_density=0.5,
+        target_warmup=4,
+        epochs=2,
+        checkpoint=f"{out}/constrained.pt",
+        **common,
+    )
+    train(
+        model(),
+        x,
+        y,
+        objective="bayes",
+        ema_decay=0.9,
+        log_alpha_range=(math.log(0.01), math.log(100)),
+        epochs=2,
+        checkpoint=f"{out}/bayes_ema.pt",
+        **common,
+    )
     # What the same runs give trained for 4 epochs from the start (the resumes must give these numbers).
     import json
 
     runs = {
-        "constrained": train(model(), x, y, objective="constrained", target_density=0.5, target_warmup=4, epochs=4,
-                             **common),
-        "bayes_ema": train(model(), x, y, objective="bayes", ema_decay=0.9,
-                           log_alpha_range=(math.log(0.01), math.log(100)), epochs=4, **common),
+        "constrained": train(
+            model(), x, y, objective="constrained", target_density=0.5, target_warmup=4, epochs=4, **common
+        ),
+        "bayes_ema": train(
+            model(),
+            x,
+            y,
+            objective="bayes",
+            ema_decay=0.9,
+            log_alpha_range=(math.log(0.01), math.log(100)),
+            epochs=4,
+            **common,
+        ),
     }
     with open(f"{out}/expected.json", "w") as f:
         json.dump({k: [r["train_loss"] for r in run.history] for k, run in runs.items()}, f, indent=1)
