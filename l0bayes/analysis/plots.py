@@ -230,7 +230,10 @@ def plot_expected_flops(histories, dense_flops=None, ax=None, key="expected_flop
     fig, ax = figure_axes(ax)
     for label, history in runs.items():
         if not history or any(key not in r for r in history):
-            raise ValueError(f"history {label!r} has epochs without {key!r}; train with input_shape=...")
+            raise ValueError(
+                f"history {label!r} has epochs without {key!r}: the full records (train(record_every=1)) of a network "
+                "that prune() can count hold it"
+            )
         epochs = [r.get("epoch", k + 1) for k, r in enumerate(history)]
         ax.plot(epochs, [r[key] for r in history], marker="o", ms=3, label=label)
     if dense_flops is not None:

@@ -109,26 +109,20 @@ def _train(cfg, run, model, data, targets, resume, main_process):
             model,
             data.x_train,
             y_train,
-            objective=cfg["objective"],
+            objective=_objective(cfg),
             epochs=cfg["epochs"],
             batch_size=cfg["batch_size"],
             lr=cfg["lr"],
             device=cfg["device"],
             seed=cfg["seed"],
             **held_out,
-            target_density=cfg["target_density"],
-            target_flops=cfg.get("target_flops"),
-            per_layer=bool(cfg["per_layer"]),
             checkpoint=run.file("checkpoint.pt"),
             resume=resume,
             progress=bool(cfg["progress"]) and main_process,
-            input_shape=data.input_shape if cfg["model"] in ("mlp", "lenet5") else None,
-            log_alpha_range=cfg["log_alpha_range"],
-            ema_decay=cfg["ema"],
             compile=cfg.get("compile", False),
             cuda_graph=cfg.get("cuda_graph", False),
             threads=None,  # the count of fit()'s thread_policy
-            callbacks=_callbacks(cfg, main_process),
+            callbacks=_parameter_callbacks(cfg) + _callbacks(cfg, main_process),
         )
     except KeyboardInterrupt:
         if main_process:
@@ -145,6 +139,31 @@ def _train(cfg, run, model, data, targets, resume, main_process):
         return 0
     _finish(cfg, run, data, result, wall)
     return 0
+
+
+def _objective(cfg):
+    """The run's objective: its name, or with ``--objective constrained`` the
+    :class:`~l0bayes.inference.Constrained` of ``--target-density`` / ``--target-flops`` and ``--per-layer``."""
+    from ..inference import Constrained
+
+    if cfg["objective"] != "constrained":
+        return cfg["objective"]
+    return Constrained(
+        target_density=cfg["target_density"], target_flops=cfg.get("target_flops"), per_layer=bool(cfg["per_layer"])
+    )
+
+
+def _parameter_callbacks(cfg):
+    """``--log-alpha-range``: :class:`~l0bayes.inference.LogAlphaProjection`; ``--ema``:
+    :class:`~l0bayes.inference.ParameterAveraging`."""
+    from ..inference import LogAlphaProjection, ParameterAveraging
+
+    callbacks = []
+    if cfg.get("log_alpha_range"):
+        callbacks.append(LogAlphaProjection(*cfg["log_alpha_range"]))
+    if cfg.get("ema") is not None:
+        callbacks.append(ParameterAveraging(cfg["ema"]))
+    return callbacks
 
 
 def _callbacks(cfg, main_process):
