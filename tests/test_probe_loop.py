@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset
 
-from l0bayes.inference import train
+from l0bayes.inference import Bayes, Constrained, LogAlphaProjection, Penalized, train
 from l0bayes.inference.callbacks import Callback, EarlyStopping
 from l0bayes.models import PlainModel, SparseClassifier, SparseModel
 from l0bayes.nn import L0MLP
@@ -326,7 +326,7 @@ def test_a_valid_loss_trains_the_weights_and_an_invalid_one_is_named(examples):
         loss_fn, error, message = LOSSES[loss]
         model = SparseModel(_net(), loss_fn)
         x, y = _labelled(n)
-        kwargs = {"objective": objective, "target_density": 0.5 if objective == "constrained" else None}
+        kwargs = {"objective": Constrained(target_density=0.5) if objective == "constrained" else objective}
         before = _weights(model)
         if error is not None:
             name = getattr(loss_fn, "__qualname__", None) or f"{type(loss_fn).__name__}()"
@@ -351,12 +351,17 @@ CONSTRAINED_SETTINGS = {
     "multiplier_lr": 0.1,
     "dual_restarts": False,
     "final_phase": 0.5,
+    "target_warmup": 3,
 }
+OTHER_OBJECTIVES = {"bayes": Bayes, "penalized": Penalized}
 
 
 @pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
 @pytest.mark.parametrize("examples", PROFILES)
-def test_constrained_settings_need_the_constrained_objective(examples):
+def test_constrained_settings_belong_to_the_constrained_objective(examples):
+    """Each setting of the constrained objective trains when given to ``Constrained``; given to another objective,
+    or to ``train()`` itself, it is refused with a ``TypeError`` (``train()``'s names it), never silently ignored."""
+
     @_profile(examples)
     @given(
         setting=st.sampled_from(sorted(CONSTRAINED_SETTINGS)),
@@ -369,13 +374,12 @@ def test_constrained_settings_need_the_constrained_objective(examples):
         if objective == "constrained":
             if setting not in ("target_density", "target_flops"):
                 kwargs["target_density"] = 0.5
-            if setting == "target_flops":
-                kwargs["input_shape"] = (4,)
-            result = _fit(_classifier(), x, y, objective=objective, **kwargs)
+            result = _fit(_classifier(), x, y, objective=Constrained(**kwargs))
             assert math.isfinite(result.history[-1]["mean_loss"])
             return
-        message = rf"^{setting}={re.escape(repr(value))}: only objective='constrained' trains to a target, and "
-        with pytest.raises(ValueError, match=message + rf"objective='{objective}' would ignore it"):
+        with pytest.raises(TypeError, match=r"takes no arguments"):
+            OTHER_OBJECTIVES[objective](**kwargs)
+        with pytest.raises(TypeError, match=rf"^train\(\) got an unexpected keyword argument '{setting}'$"):
             _fit(_classifier(), x, y, objective=objective, **kwargs)
 
     prop()
@@ -391,18 +395,19 @@ def test_a_constrained_target_is_a_fraction_in_0_1(examples):
     @given(target=st.sampled_from(TARGETS), name=st.sampled_from(("target_density", "target_flops")))
     def prop(target, name):
         x, y = _labelled(8)
-        kwargs = {name: target, "objective": "constrained", "input_shape": (4,)}
         if target is None:
-            with pytest.raises(ValueError, match=r"^constrained training needs one of target_density"):
-                _fit(_classifier(), x, y, **kwargs)
+            with pytest.raises(ValueError, match=r"^Constrained needs exactly one of target_density"):
+                Constrained(**{name: target})
+            with pytest.raises(ValueError, match=r"^objective='constrained' needs its target"):
+                _fit(_classifier(), x, y, objective="constrained")
         elif isinstance(target, (bool, str)):
-            with pytest.raises(TypeError, match=rf"^{name} must be a number in \(0, 1\]"):
-                _fit(_classifier(), x, y, **kwargs)
+            with pytest.raises(TypeError, match=rf"^Constrained: {name} must be a number in \(0, 1\]"):
+                Constrained(**{name: target})
         elif not 0 < float(target) <= 1:
-            with pytest.raises(ValueError, match=rf"^constrained training needs {name} in \(0, 1\], got"):
-                _fit(_classifier(), x, y, **kwargs)
+            with pytest.raises(ValueError, match=rf"^Constrained: {name} must be a number in \(0, 1\].*, got"):
+                Constrained(**{name: target})
         else:
-            record = _fit(_classifier(), x, y, **kwargs).history[-1]
+            record = _fit(_classifier(), x, y, objective=Constrained(**{name: target})).history[-1]
             assert math.isfinite(record["mean_loss"])
             assert record.get("target_density", record.get("target_flops")) is not None
 
@@ -422,17 +427,22 @@ def test_arrival_is_a_margin_none_or_each(examples):
     @given(arrival=st.sampled_from(ARRIVALS))
     def prop(arrival):
         x, y = _labelled(8)
-        kwargs = {"objective": "constrained", "target_density": 0.5, "arrival": arrival, "final_phase": 0.5}
+        settings = {"target_density": 0.5, "arrival": arrival, "final_phase": 0.5}
+        message = r"^Constrained: arrival must be a number >= 0, None or 'each', got"
         if isinstance(arrival, str) and arrival == "each":
-            with pytest.raises(ValueError, match=r"^arrival='each' fixes each constraint of a target_architecture"):
-                _fit(_classifier(), x, y, **kwargs)
+            match = r"^Constrained: arrival='each' fixes each constraint of a target_architecture"
+            with pytest.raises(ValueError, match=match):
+                Constrained(**settings)
+        elif isinstance(arrival, bool):  # a switch is not a margin
+            with pytest.raises(TypeError, match=message):
+                Constrained(**settings)
         elif arrival is None or (
-            not isinstance(arrival, (bool, str)) and math.isfinite(float(arrival)) and float(arrival) >= 0
+            not isinstance(arrival, str) and math.isfinite(float(arrival)) and float(arrival) >= 0
         ):
-            assert math.isfinite(_fit(_classifier(), x, y, **kwargs).history[-1]["mean_loss"])
+            assert math.isfinite(_fit(_classifier(), x, y, objective=Constrained(**settings)).history[-1]["mean_loss"])
         else:
-            with pytest.raises(ValueError, match=r"^arrival must be a number >= 0, None or 'each', got"):
-                _fit(_classifier(), x, y, **kwargs)
+            with pytest.raises(ValueError, match=message):
+                Constrained(**settings)
 
     prop()
 
@@ -450,23 +460,25 @@ def test_target_warmup_is_a_whole_number_of_steps(examples):
     @given(warmup=st.sampled_from(WARMUPS))
     def prop(warmup):
         x, y = _labelled(8)
-        kwargs = {"objective": "constrained", "target_density": 0.5, "final_phase": 0.5, "target_warmup": warmup}
-        message = rf"^target_warmup must be a whole number >= 0, got {re.escape(repr(warmup))}$"
+        settings = {"target_density": 0.5, "final_phase": 0.5, "target_warmup": warmup}
+        message = rf"^Constrained: target_warmup must be a whole number >= 0, got .*{re.escape(repr(warmup))}$"
         if isinstance(warmup, (bool, str)) or warmup is None:
             with pytest.raises(TypeError, match=message):
-                _fit(_classifier(), x, y, **kwargs)
+                Constrained(**settings)
             return
         value = float(warmup)
         if not (math.isfinite(value) and value == math.floor(value) and value >= 0):
             with pytest.raises(ValueError, match=message):
-                _fit(_classifier(), x, y, **kwargs)
+                Constrained(**settings)
             return
-        result = _fit(_classifier(), x, y, **kwargs)
-        reference = _fit(_classifier(), x, y, **{**kwargs, "target_warmup": int(value)})
+        result = _fit(_classifier(), x, y, objective=Constrained(**settings))
+        reference = _fit(_classifier(), x, y, objective=Constrained(**{**settings, "target_warmup": int(value)}))
         assert [h["mean_loss"] for h in result.history] == [h["mean_loss"] for h in reference.history]
         assert result.history[-1].get("target_now") == reference.history[-1].get("target_now")
         if int(value):
-            with pytest.raises(ValueError, match=r"target_warmup=.*only objective='constrained'"):
+            with pytest.raises(TypeError, match=r"^Penalized\(\) takes no arguments$"):
+                Penalized(target_warmup=warmup)
+            with pytest.raises(TypeError, match=r"unexpected keyword argument 'target_warmup'"):
                 _fit(_classifier(), x, y, **PENALIZED, target_warmup=warmup)
 
     prop()
@@ -504,42 +516,52 @@ def test_counts_are_whole_numbers(examples):
 
 RANGES = (
     (-3.0, 3.0),
-    [-2, 2],
+    (-2, 2),
     (math.log(0.01), math.log(100)),
     (3.0, -3.0),
     (1.0, 1.0),
     (math.nan, 1.0),
-    5,
-    "ab",
-    (1.0,),
-    (1.0, 2.0, 3.0),
+    (-1.0, math.inf),
     ("a", 1.0),
+    (-1.0, "b"),
     (True, 2.0),
+    (None, 1.0),
     None,
 )
 
 
 @pytest.mark.parametrize("examples", PROFILES)
-def test_log_alpha_range_is_a_pair_low_high(examples):
+def test_log_alpha_projection_is_a_range_low_high(examples):
+    """``LogAlphaProjection(low, high)``: two finite numbers, ``low < high`` (a non-number is a ``TypeError``, a
+    number out of place a ``ValueError``, both naming it); the gates' ``log_alpha`` then stay in the range.
+    ``None``: no projection."""
+
     @_profile(examples)
     @given(value=st.sampled_from(RANGES))
     def prop(value):
         x, y = _labelled(6)
-        pair = isinstance(value, (tuple, list)) and len(value) == 2
-        numbers = pair and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-        if value is not None and not numbers:
-            with pytest.raises(TypeError, match=r"^log_alpha_range must be a pair \(low, high\) of numbers"):
-                _fit(_classifier(), x, y, log_alpha_range=value)
+        if value is None:
+            _fit(_classifier(), x, y, callbacks=None)
             return
-        if value is not None and not value[0] < value[1]:
-            with pytest.raises(ValueError, match=r"^log_alpha_range must be \(low, high\) with low < high"):
-                _fit(_classifier(), x, y, log_alpha_range=value)
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        if not numbers:
+            name = "low" if not isinstance(value[0], (int, float)) or isinstance(value[0], bool) else "high"
+            with pytest.raises(TypeError, match=rf"^LogAlphaProjection: {name} must be a finite real number"):
+                LogAlphaProjection(*value)
+            return
+        if not all(math.isfinite(v) for v in value):
+            name = "low" if not math.isfinite(value[0]) else "high"
+            with pytest.raises(ValueError, match=rf"^LogAlphaProjection: {name} must be a finite real number"):
+                LogAlphaProjection(*value)
+            return
+        if not value[0] < value[1]:
+            with pytest.raises(ValueError, match=r"^LogAlphaProjection: low must be below high"):
+                LogAlphaProjection(*value)
             return
         model = _classifier()
-        _fit(model, x, y, log_alpha_range=value)
-        if value is not None:
-            log_alpha = model.net.fc1.gate.log_alpha
-            assert bool(((log_alpha >= value[0]) & (log_alpha <= value[1])).all())  # projected
+        _fit(model, x, y, callbacks=[LogAlphaProjection(*value)])
+        log_alpha = model.net.fc1.gate.log_alpha
+        assert bool(((log_alpha >= value[0]) & (log_alpha <= value[1])).all())  # projected
 
     prop()
 
@@ -622,35 +644,54 @@ def test_a_1200_example_generator_runs_all_its_steps():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "name"),
     [
-        ({"target_density": 0.5}, r"^target_density=0.5: only objective='constrained' trains to a target"),
-        ({"target_density": math.nan}, r"^target_density=nan: only objective='constrained'"),
-        ({"target_flops": 0.5}, r"^target_flops=0.5: only objective='constrained'"),
-        ({"per_layer": True}, r"^per_layer=True: only objective='constrained'"),
-        ({"target_density": 0.5, "per_layer": True}, r"^target_density=0.5, per_layer=True: only objective="),
+        ({"target_density": 0.5}, "target_density"),
+        ({"target_density": math.nan}, "target_density"),
+        ({"target_flops": 0.5}, "target_flops"),
+        ({"per_layer": True}, "per_layer"),
+        ({"target_density": 0.5, "per_layer": True}, "target_density"),
     ],
 )
-def test_a_target_without_the_constrained_objective_is_refused(kwargs, message):
+@pytest.mark.parametrize("objective", ["bayes", "penalized"])
+def test_a_target_without_the_constrained_objective_is_refused(kwargs, name, objective):
+    """A target belongs to ``Constrained``: given to ``train()`` with another objective it is a ``TypeError`` naming
+    it, and the other objectives take no settings at all."""
     x, y = _labelled(8)
-    with pytest.raises(ValueError, match=message + ".*pass objective='constrained' or leave"):
-        _fit(_classifier(), x, y, **kwargs)
+    with pytest.raises(TypeError, match=rf"^train\(\) got an unexpected keyword argument '{name}'$"):
+        _fit(_classifier(), x, y, objective=objective, **kwargs)
+    with pytest.raises(TypeError, match=r"takes no arguments"):
+        OTHER_OBJECTIVES[objective](**kwargs)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"objective": "constrained", "target_density": True}, TypeError, r"^target_density must be a number in"),
-        ({"objective": "constrained", "target_density": "0.5"}, TypeError, r"^target_density must be a number in"),
-        ({"num_data": 5}, ValueError, r"^num_data=5 but x holds 8 rows: with tensors the number of training"),
-        ({"epochs": math.inf}, ValueError, r"^epochs must be a whole number >= 0, got inf$"),
-        ({"log_alpha_range": 5}, TypeError, r"^log_alpha_range must be a pair \(low, high\) of numbers"),
+        pytest.param(
+            lambda: {"objective": Constrained(target_density=True)}, TypeError,
+            r"^Constrained: target_density must be a number in", id="target_density=True",
+        ),
+        pytest.param(
+            lambda: {"objective": Constrained(target_density="0.5")}, TypeError,
+            r"^Constrained: target_density must be a number in", id="target_density='0.5'",
+        ),
+        pytest.param(
+            lambda: {"num_data": 5}, ValueError, r"^num_data=5 but x holds 8 rows: with tensors the number of training",
+            id="num_data",
+        ),
+        pytest.param(
+            lambda: {"epochs": math.inf}, ValueError, r"^epochs must be a whole number >= 0, got inf$", id="epochs",
+        ),
+        pytest.param(
+            lambda: {"callbacks": [LogAlphaProjection("-3", 3.0)]}, TypeError,
+            r"^LogAlphaProjection: low must be a finite real number, got str '-3'$", id="LogAlphaProjection",
+        ),
     ],
-)
+)  # fmt: skip
 def test_arguments_of_the_wrong_kind_are_named(kwargs, error, message):
     x, y = _labelled(8)
     with pytest.raises(error, match=message):
-        _fit(_classifier(), x, y, **kwargs)
+        _fit(_classifier(), x, y, **kwargs())
 
 
 def test_callbacks_none_trains():
@@ -979,12 +1020,13 @@ def test_train_loss_is_the_per_token_loss_of_a_language_model(objective):
     ids = torch.randint(0, 11, (n, length), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     loss = _TokenLoss()
-    options = {"target_density": 0.5} if objective == "constrained" else {}
+    if objective == "constrained":
+        objective = Constrained(target_density=0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # two epochs: the constrained objective's Lagrangian has not arrived
         result = train(
             SparseModel(_TinyLM(), loss, lam=0.01), ids, ids, objective=objective, epochs=2, batch_size=16,
-            progress=False, **options,
+            progress=False,
         )  # fmt: skip
     steps = n // 16
     assert len(loss.values) == 2 * steps
@@ -992,7 +1034,7 @@ def test_train_loss_is_the_per_token_loss_of_a_language_model(objective):
         expected = sum(loss.values[epoch * steps : (epoch + 1) * steps]) / steps
         assert record["train_loss"] == pytest.approx(expected, rel=1e-6)
         assert 1.0 < record["train_loss"] < 4.0  # a cross-entropy over 11 tokens, not n times one
-        if objective == "constrained":  # the objective's loss is the data term itself
+        if isinstance(objective, Constrained):  # the objective's loss is the data term itself
             assert record["mean_loss"] == pytest.approx(n * record["train_loss"], rel=1e-6)
         else:
             assert record["mean_loss"] > n * record["train_loss"]

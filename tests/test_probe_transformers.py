@@ -326,7 +326,7 @@ ODD_TARGETS = st.one_of(
 def test_odd_target_architectures_are_clear_errors(examples):
     """Every odd target_architecture (a wrong kind, a size the blocks do not have, layers without block gates) is a
     TypeError or ValueError that names target_architecture, before any training step."""
-    from l0bayes.inference.objectives import ConstrainedObjective
+    from l0bayes.inference import Constrained
     from l0bayes.models import SparseModel
 
     model = SparseModel(sparsify_transformer(_model("llama"), example_inputs=_ids()), lambda out, y: out.logits.sum())
@@ -335,7 +335,7 @@ def test_odd_target_architectures_are_clear_errors(examples):
     @given(target=ODD_TARGETS)
     def prop(target):
         with pytest.raises((TypeError, ValueError), match="target_architecture"):
-            ConstrainedObjective(model, 8, target_architecture=target)
+            Constrained(target_architecture=target).build(model, 8)
 
     prop()
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from residual_cnn import ResNet
 from torch import nn
 
-from l0bayes.inference import train
+from l0bayes.inference import Constrained, train
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0Layer, WideResNet, architecture, gates_of, penalty
 from l0bayes.pruning import (
@@ -173,9 +173,10 @@ def test_train_under_every_objective(objective):
     gated = sparsify(ResNet(), example_inputs=_x())
     model = SparseClassifier(gated, lam=0.1)
     x, y = _x(20, seed=1), torch.arange(20) % 3
-    extra = {"target_density": 0.5} if objective == "constrained" else {}
+    if objective == "constrained":
+        objective = Constrained(target_density=0.5)
     result = train(model, x, y, objective=objective, epochs=2, batch_size=10, lr=0.05, progress=False,
-                   test_data=(x, y), input_shape=(1, 8, 8), device="cpu", **extra)  # fmt: skip
+                   test_data=(x, y), device="cpu")  # fmt: skip
     assert [r["epoch"] for r in result.history] == [1, 2]
     for record in result.history:
         assert 0 < record["expected_flops"] <= flops(gated, (1, 8, 8))
@@ -347,7 +348,7 @@ def test_sparsify_train_prune_end_to_end():
     net = ResNet()
     gated = sparsify(net, include=r"conv1$|fc2", example_inputs=_x(), init_drop_rate=0.3)
     x, y = _x(40, seed=7), torch.arange(40) % 3
-    train(SparseClassifier(gated), x, y, objective="constrained", target_density=0.3, epochs=12, batch_size=20,
+    train(SparseClassifier(gated), x, y, objective=Constrained(target_density=0.3), epochs=12, batch_size=20,
           lr=0.3, progress=False, device="cpu")  # fmt: skip
     gated.eval()
     closed = sum(int((gate.deterministic() == 0).sum()) for _, gate in gates_of(gated))

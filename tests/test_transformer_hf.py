@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from test_transformer_pruning import _random_gates
 
-from l0bayes.inference import Callback, parameter_groups, train
+from l0bayes.inference import Callback, Constrained, parameter_groups, train
 from l0bayes.models import SparseModel
 from l0bayes.nn import gates_of
 from l0bayes.pruning import count_parameters, flops_per_token, network_size, prune, sparsify_transformer
@@ -202,7 +202,7 @@ def test_constrained_training_of_gpt2_reaches_its_target():
     model = SparseModel(gated, lambda out, target: F.cross_entropy(out.logits.flatten(0, 1), target.flatten()))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        train(model, x, y, objective="constrained", target_density=0.5, epochs=30, batch_size=16, lr=0.05,
+        train(model, x, y, objective=Constrained(target_density=0.5), epochs=30, batch_size=16, lr=0.05,
               progress=False, device="cpu")  # fmt: skip
     gated.eval()
     pruned = prune(gated)
@@ -478,7 +478,7 @@ def _next_token_loss(out, target):
 
 
 def test_train_reaches_a_target_architecture_exactly(tmp_path):
-    """train(objective="constrained", target_architecture=...) on a 3-block Llama: the pruned model is a plain
+    """train(objective=Constrained(target_architecture=...)) on a 3-block Llama: the pruned model is a plain
     LlamaForCausalLM with exactly the target's sizes in every block and its config (no gates, no hooks), equal to
     the gated model, and from_pretrained rebuilds it with the same logits."""
     gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids(), depth=True)
@@ -486,9 +486,9 @@ def test_train_reaches_a_target_architecture_exactly(tmp_path):
     target = {"num_key_value_heads": 1, "intermediate_size": 20, "num_hidden_layers": 2}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # three epochs: the Lagrangian has not arrived when the gates are fixed
-        result = train(SparseModel(gated, _next_token_loss), ids, ids, objective="constrained",
-                       target_architecture=target, epochs=3, batch_size=32, lr=0.02, progress=False,
-                       device="cpu")  # fmt: skip
+        result = train(SparseModel(gated, _next_token_loss), ids, ids,
+                       objective=Constrained(target_architecture=target), epochs=3, batch_size=32, lr=0.02,
+                       progress=False, device="cpu")  # fmt: skip
     record = result.history[-1]
     assert record["target_architecture"] == target and record["gates_fixed"]
     assert len(record["constraint"]) == 3 + 3 + 1  # heads and units of each block, and the blocks
@@ -517,12 +517,11 @@ def test_arrival_each_fixes_a_block_the_step_its_constraint_arrives():
     its expected fraction is ``k / n`` from then on, however the optimiser moves its ``log_alpha``; the other blocks
     learn on; once every constraint has arrived the objective says so, and the checkpoint state keeps the fixed
     blocks."""
-    from l0bayes.inference.objectives import ConstrainedObjective
-
     gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
     target = {"num_key_value_heads": 2, "intermediate_size": 12}  # 12 of 48 units; the key-value groups all kept
-    objective = ConstrainedObjective(gated, 8, target_architecture=target, arrival="each", final_phase=0.0,
-                                     multiplier_lr=1.0)  # fmt: skip
+    objective = Constrained(target_architecture=target, arrival="each", final_phase=0.0, multiplier_lr=1.0).build(
+        gated, 8
+    )
     units = [c for c in objective.architecture.constrained if c.kind == "units"]
     assert [c.k for c in units] == [12, 12, 12]
     first = units[0].holders[0].gate.log_alpha
@@ -552,7 +551,7 @@ def test_arrival_each_fixes_a_block_the_step_its_constraint_arrives():
     objective.update(objective.expected().detach() - objective.targets)
     assert torch.equal(first, torch.where(keep, 50.0, -50.0)) and float(objective.expected().detach()[index]) == 0.25
     assert not objective.all_fixed and objective.record()["constraints_fixed"] == 4
-    copy = ConstrainedObjective(gated, 8, target_architecture=target, arrival="each", final_phase=0.0)
+    copy = Constrained(target_architecture=target, arrival="each", final_phase=0.0).build(gated, 8)
     copy.load_state_dict(objective.state_dict())
     assert set(copy.fixed_each) == {index} | heads and all(
         torch.equal(a, b) for a, b in zip(copy.fixed_each[index], objective.fixed_each[index], strict=True)
@@ -566,9 +565,10 @@ def test_arrival_each_fixes_a_block_the_step_its_constraint_arrives():
 
 
 def test_train_with_arrival_each_reaches_the_target_without_passing_it():
-    """A run of ``train(..., arrival="each")`` on a 3-block Llama: every block's units and key-value groups are
-    fixed on their own (the history counts them, never fewer than before), no expected fraction of a fixed
-    constraint is ever below its target, and the pruned model has the target's sizes and equals the gated one."""
+    """A run of ``train(..., objective=Constrained(..., arrival="each"))`` on a 3-block Llama: every block's units
+    and key-value groups are fixed on their own (the history counts them, never fewer than before), no expected
+    fraction of a fixed constraint is ever below its target, and the pruned model has the target's sizes and equals
+    the gated one."""
     gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
     ids = _ids(64, seed=5)
     target = {"num_key_value_heads": 1, "intermediate_size": 20}
@@ -581,9 +581,9 @@ def test_train_with_arrival_each_reaches_the_target_without_passing_it():
             expected = objective.expected().tolist()
             seen.append((fixed, [expected[i] - objective.target_values[i] for i in fixed]))
 
-    result = train(SparseModel(gated, _next_token_loss), ids, ids, objective="constrained",
-                   target_architecture=target, arrival="each", final_phase=0.0, epochs=40, batch_size=32,
-                   lr=0.05, multiplier_lr=5.0, progress=False, device="cpu", callbacks=[Watch()])  # fmt: skip
+    objective = Constrained(target_architecture=target, arrival="each", final_phase=0.0, multiplier_lr=5.0)
+    result = train(SparseModel(gated, _next_token_loss), ids, ids, objective=objective, epochs=40, batch_size=32,
+                   lr=0.05, progress=False, device="cpu", callbacks=[Watch()])  # fmt: skip
     counts = [h["constraints_fixed"] for h in result.history]
     assert counts == sorted(counts) and counts[-1] == 6 and counts[0] < 6
     assert all(abs(gap) <= 1e-6 for _, gaps in seen for gap in gaps)
@@ -596,16 +596,12 @@ def test_train_with_arrival_each_reaches_the_target_without_passing_it():
 
 def test_arrival_each_needs_a_target_architecture():
     gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
-    model, ids = SparseModel(gated, _next_token_loss), _ids(8)
-    with pytest.raises(ValueError, match="arrival='each' fixes each constraint of a target_architecture"):
-        train(model, ids, ids, objective="constrained", target_density=0.5, arrival="each", progress=False)
-    with pytest.raises(ValueError, match="arrival must be a number >= 0, None or 'each', got 'every'"):
-        train(model, ids, ids, objective="constrained", target_architecture={"intermediate_size": 8},
-              arrival="every", progress=False)  # fmt: skip
-    from l0bayes.inference.objectives import ConstrainedObjective
-
-    with pytest.raises(ValueError, match="arrival='each' fixes each constraint of a target_architecture"):
-        ConstrainedObjective(gated, 8, target_density=0.5, arrival="each")
+    with pytest.raises(ValueError, match="^Constrained: arrival='each' fixes each constraint of a target_architecture"):
+        Constrained(target_density=0.5, arrival="each")
+    with pytest.raises(ValueError, match="^Constrained: arrival must be a number >= 0, None or 'each', got 'every'"):
+        Constrained(target_architecture={"intermediate_size": 8}, arrival="every")
+    objective = Constrained(target_architecture={"intermediate_size": 8}, arrival="each").build(gated, 8)
+    assert objective.fixed_each == {}  # (nothing has arrived before the first step)
 
 
 @pytest.mark.parametrize("arrival", [None, "each"])
@@ -620,16 +616,17 @@ def test_a_target_architecture_run_resumes_bit_exactly_across_its_final_phase(tm
         gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids(), depth=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # four epochs: the Lagrangian has not arrived when the gates are fixed
-            result = train(SparseModel(gated, _next_token_loss), ids, ids, objective="constrained",
-                           target_architecture=extra.pop("target", target), epochs=4, batch_size=32, lr=0.02,
-                           final_phase=0.5, progress=False, device="cpu", seed=1, arrival=arrival,
-                           **(fast if arrival else {}), **extra)  # fmt: skip
+            objective = Constrained(target_architecture=extra.pop("target", target), final_phase=0.5,
+                                    arrival=arrival, multiplier_lr=20.0 if arrival else None)  # fmt: skip
+            result = train(SparseModel(gated, _next_token_loss), ids, ids, objective=objective, epochs=4,
+                           batch_size=32, lr=0.02, progress=False, device="cpu", seed=1, **(fast if arrival else {}),
+                           **extra)  # fmt: skip
         return gated, result
 
     ids = _ids(64, seed=5)
     target = {"num_key_value_heads": 1, "intermediate_size": 20, "num_hidden_layers": 2}
     # With "each": gates fast enough that some blocks arrive within the two epochs before the checkpoint.
-    fast = {"optimizer": lambda m: torch.optim.Adam(parameter_groups(m, gates={"lr": 1.0})), "multiplier_lr": 20.0}
+    fast = {"optimizer": lambda m: torch.optim.Adam(parameter_groups(m, gates={"lr": 1.0}))}  # and multiplier_lr=20
     straight_model, straight = run()
     checkpoint = tmp_path / "run.pt"
     with interrupt_at_epoch(2):
@@ -655,24 +652,22 @@ def test_a_target_architecture_run_resumes_bit_exactly_across_its_final_phase(tm
 def test_target_architecture_only_with_the_constrained_objective():
     gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
     model, ids = SparseModel(gated, _next_token_loss), _ids(8)
-    with pytest.raises(ValueError, match="target_architecture=.*only objective='constrained'"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'target_architecture'"):
         train(model, ids, ids, objective="penalized", target_architecture={"intermediate_size": 8}, progress=False)
-    with pytest.raises(ValueError, match="needs one of target_density.*target_architecture"):
-        train(model, ids, ids, objective="constrained", target_density=0.5,
-              target_architecture={"intermediate_size": 8}, progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="needs exactly one of target_density.*target_architecture"):
+        Constrained(target_density=0.5, target_architecture={"intermediate_size": 8})
     with pytest.raises(ValueError, match="num_hidden_layers=2: the blocks have no block gates.*depth=True"):
-        train(model, ids, ids, objective="constrained", target_architecture={"num_hidden_layers": 2}, progress=False)
+        train(model, ids, ids, objective=Constrained(target_architecture={"num_hidden_layers": 2}), progress=False)
 
 
 def test_arrival_each_with_target_warmup_waits_for_the_final_target():
     """With a target warm-up, ``arrival="each"`` fixes a block when its expected fraction reaches the final target,
     not the warm-up's current one, which lies above it until the warm-up ends."""
-    from l0bayes.inference.objectives import ConstrainedObjective
-
     gated = sparsify_transformer(_three_layer("llama"), example_inputs=_ids())
     target = {"num_key_value_heads": 2, "intermediate_size": 12}  # 12 of 48 units
-    objective = ConstrainedObjective(gated, 8, target_architecture=target, arrival="each", final_phase=0.0,
-                                     target_warmup=10)  # fmt: skip
+    objective = Constrained(target_architecture=target, arrival="each", final_phase=0.0, target_warmup=10).build(
+        gated, 8
+    )
     units = [c for c in objective.architecture.constrained if c.kind == "units"]
     index = objective.architecture.constrained.index(units[0])
     assert float(objective.targets[index]) == pytest.approx(1 - 0.75 / 10)

@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from l0bayes.inference import train
-from l0bayes.inference.objectives import ConstrainedObjective
+from l0bayes.inference import Constrained, train
 from l0bayes.inference.objectives.final_phase import fit_groups as _fit_groups
 from l0bayes.models import SparseModel
 from l0bayes.nn import gates_of
@@ -361,7 +360,7 @@ def test_constrained_training_reaches_the_target_density():
     model = SparseModel(gated, lambda out, target: F.cross_entropy(out.flatten(0, 1), target.flatten()))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train(model, x, y, objective="constrained", target_density=0.5, epochs=40, batch_size=16, lr=0.05,
+        train(model, x, y, objective=Constrained(target_density=0.5), epochs=40, batch_size=16, lr=0.05,
               progress=False, device="cpu")  # fmt: skip
     assert not [w for w in caught if "constrained" in str(w.message)], "the Lagrangian should arrive"
     gated.eval()
@@ -432,7 +431,7 @@ def _with_masks(gated, size, masks):
 def test_constrained_objective_bounds_flops_per_token():
     gated = _gpt(0)
     model = SparseModel(gated, lambda out, target: F.cross_entropy(out.flatten(0, 1), target.flatten()))
-    objective = ConstrainedObjective(model, 64, target_flops=0.5)
+    objective = Constrained(target_flops=0.5).build(model, 64)
     expected = objective.expected()
     assert expected.shape == (1,) and 0.0 < float(expected.detach()) < 1.0
     expected.sum().backward()
@@ -742,11 +741,11 @@ def test_target_architecture_arguments_are_checked():
         fix_architecture(_gpt(0, units=False), intermediate_size=3)
     model = SparseModel(_gpt(0), lambda out, target: F.cross_entropy(out.flatten(0, 1), target.flatten()))
     with pytest.raises(ValueError, match="target_architecture: intermediate_size=100: block blocks.0 has 64"):
-        ConstrainedObjective(model, 8, target_architecture={"intermediate_size": 100})
+        Constrained(target_architecture={"intermediate_size": 100}).build(model, 8)
     with pytest.raises(ValueError, match="exactly one of target_density.*target_architecture"):
-        ConstrainedObjective(model, 8, target_density=0.5, target_architecture={"intermediate_size": 8})
-    with pytest.raises(ValueError, match="per_layer=True: a target_architecture"):
-        ConstrainedObjective(model, 8, per_layer=True, target_architecture={"intermediate_size": 8})
+        Constrained(target_density=0.5, target_architecture={"intermediate_size": 8})
+    with pytest.raises(ValueError, match="per_layer=True, but a target_architecture already constrains every block"):
+        Constrained(per_layer=True, target_architecture={"intermediate_size": 8})
 
 
 def test_fix_architecture_keeps_the_top_ranked_blocks():
