@@ -224,3 +224,31 @@ def test_the_package_exports_the_objectives():
         assert name in inference.__all__
     assert np  # (numpy arrays are targets too)
     Constrained(target_density=np.array([0.5]))
+
+
+def test_expected_flops_are_recorded_by_their_callback_with_the_recorded_parameters():
+    from l0bayes.inference import ExpectedFlops
+    from l0bayes.pruning import expected_flops
+
+    plain = train(_model(), *_data(), objective="penalized", epochs=2, **COMMON)
+    assert all("expected_flops" not in r for r in plain.history)  # only where asked
+    run = train(_model(), *_data(), objective="penalized", epochs=2, callbacks=[ExpectedFlops((6,))], **COMMON)
+    assert [r["train_loss"] for r in run.history] == [r["train_loss"] for r in plain.history]  # it changes nothing
+    assert run.history[-1]["expected_flops"] == pytest.approx(float(expected_flops(run.model.net, (6,))))
+    # With an average kept, the record (and the returned model) hold the averaged parameters: so do the FLOPs.
+    averaged = train(_model(), *_data(), objective="penalized", epochs=2, record_every=2,
+                     callbacks=[ExpectedFlops(6), ParameterAveraging(0.5)], **COMMON)  # fmt: skip
+    assert "expected_flops" not in averaged.history[0] and averaged.history[0]["full_record"] is False
+    assert averaged.history[-1]["expected_flops"] == pytest.approx(float(expected_flops(averaged.model.net, (6,))))
+
+
+def test_expected_flops_refuses_a_shape_or_a_network_it_cannot_count():
+    from l0bayes.inference import ExpectedFlops
+    from l0bayes.models import SparseLinearRegression
+
+    with pytest.raises(ValueError, match="input_shape must be a tuple"):
+        ExpectedFlops((0, 2))
+    x = torch.randn(30, 3)
+    with pytest.raises(ValueError, match="FLOPs"):
+        train(SparseLinearRegression(3), x, x[:, 0], objective="penalized", epochs=1, progress=False,
+              callbacks=[ExpectedFlops((3,))])  # fmt: skip

@@ -122,7 +122,7 @@ def _train(cfg, run, model, data, targets, resume, main_process):
             compile=cfg.get("compile", False),
             cuda_graph=cfg.get("cuda_graph", False),
             threads=None,  # the count of fit()'s thread_policy
-            callbacks=_parameter_callbacks(cfg) + _callbacks(cfg, main_process),
+            callbacks=_parameter_callbacks(cfg, data) + _callbacks(cfg, main_process),
         )
     except KeyboardInterrupt:
         if main_process:
@@ -153,12 +153,12 @@ def _objective(cfg):
     )
 
 
-def _parameter_callbacks(cfg):
+def _parameter_callbacks(cfg, data):
     """``--log-alpha-range``: :class:`~l0bayes.inference.LogAlphaProjection`; ``--ema``:
-    :class:`~l0bayes.inference.ParameterAveraging`."""
-    from ..inference import LogAlphaProjection, ParameterAveraging
+    :class:`~l0bayes.inference.ParameterAveraging`; the expected FLOPs of the networks in every record."""
+    from ..inference import ExpectedFlops, LogAlphaProjection, ParameterAveraging
 
-    callbacks = []
+    callbacks = [ExpectedFlops(data.input_shape)] if cfg["model"] in ("mlp", "lenet5") else []
     if cfg.get("log_alpha_range"):
         callbacks.append(LogAlphaProjection(*cfg["log_alpha_range"]))
     if cfg.get("ema") is not None:

@@ -1,7 +1,7 @@
 """Inference: the free energy of Eq. 21, training (a loop with callbacks), and data-parallel training under torchrun."""
 
 from .averaging import ParameterAverage
-from .callbacks import Callback, EarlyStopping, LogAlphaProjection, ParameterAveraging, TensorBoard
+from .callbacks import Callback, EarlyStopping, ExpectedFlops, LogAlphaProjection, ParameterAveraging, TensorBoard
 from .compiled import CompiledStep
 from .device import resolve_device
 from .distributed import DistributedConfig, DistributedError, is_main_process
@@ -26,6 +26,7 @@ __all__ = [
     "Bayes",
     "BayesObjective",
     "Constrained",
+    "ExpectedFlops",
     "LogAlphaProjection",
     "ParameterAveraging",
     "Penalized",

@@ -149,8 +149,8 @@ def train(
         The optimiser's and the schedule's state go into the checkpoint, and resuming with another optimiser
         class, other settings of a group or another schedule is a ``ValueError`` naming what differs.
     :param int record_every: the full end-of-epoch record (free energy on a fixed subset of up to 1000
-        training examples, test error, the expected FLOPs per example of a network that
-        :func:`~l0bayes.pruning.prune` can count, for the shape of the training examples; every pass over the
+        training examples, test error, the expected FLOPs per example with a FLOPs target or
+        :class:`~l0bayes.inference.callbacks.ExpectedFlops`; every pass over the
         data on at most one training minibatch's rows at a time, without gradients, so that a large model's record
         fits where its steps do) every ``record_every`` epochs and at the last; the other epochs record only the
         mean training loss, wall time and the objective's own entries. Each record says which it is (``full_record``).
@@ -176,6 +176,7 @@ def train(
         builds from its arguments (history, schedule, progress) and before the checkpoint, which saves their
         state: a resume continues them too. ``None``: none. E.g.
         :class:`~l0bayes.inference.callbacks.TensorBoard`, :class:`~l0bayes.inference.callbacks.EarlyStopping`,
+        :class:`~l0bayes.inference.callbacks.ExpectedFlops` ``(input_shape)`` (the expected FLOPs in every full record),
         your own, and two that act on the parameters, which run before the record so that it sees their effect:
         :class:`~l0bayes.inference.callbacks.ParameterAveraging` ``(decay)``, the bias-corrected moving average of
         the parameters that every record evaluates and the returned model holds (the paper's code evaluates with
@@ -315,18 +316,22 @@ def _step(step_objective, step_function, ddp, finite):
 
 def _callbacks(run, a, checkpointing, subset):
     """The callbacks ``train``'s arguments ``a`` ask for and the user's, then the checkpoint: the user's that act on the
-    parameters (:attr:`~l0bayes.inference.callbacks.Callback.before_records`) before the record, the others after."""
+    parameters (:attr:`~l0bayes.inference.callbacks.Callback.before_records`) before the record, those that add to it
+    (``extends_records``) right after it, the others after the schedule and the progress bar."""
     mine = list(a["callbacks"])
     first = [cb for cb in mine if getattr(cb, "before_records", False)]
-    shape = getattr(run.objective, "settings", None)
-    shape = getattr(shape, "input_shape", None)  # (a Constrained objective's own, else the training examples')
+    extending = [cb for cb in mine if getattr(cb, "extends_records", False)]
+    rest = [cb for cb in mine if cb not in first and cb not in extending]
+    size = getattr(run.objective, "size", None)  # a constrained objective's count, FLOPs included where it has them
+    shape = size.input_shape if size is not None and getattr(run.objective, "has_flops", False) else None
     built = [FiniteParameters(), *first]
     built.append(History(subset, a["test_data"], shape, a["record_every"], a["validation_data"]))
+    built += extending
     if run.schedule is not None:
         built.append(LRSchedule(run.schedule))
     if a["progress"]:
         built.append(ProgressBar(run.objective.name))
-    built += [cb for cb in mine if not getattr(cb, "before_records", False)]
+    built += rest
     return CallbackList(built + ([checkpointing] if checkpointing is not None else []))
 
 

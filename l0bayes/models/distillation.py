@@ -24,7 +24,7 @@ a checkpoint)::
 
     distillation = Distillation(teacher, temperature=2.0, alpha=0.5)
     with distillation.attach(gated):  # the student's forward now runs the teacher too
-        train(SparseModel(gated, distillation), ids, ids, objective="constrained", target_density=0.5)
+        train(SparseModel(gated, distillation), ids, ids, objective=Constrained(target_density=0.5))
     small = prune(gated)  # outside the block: a plain model again
 """
 
@@ -85,7 +85,7 @@ class Distillation:
 
         distillation = Distillation(teacher, temperature=2.0, alpha=0.5)
         with distillation.attach(gated):
-            train(SparseModel(gated, distillation), ids, ids, objective="constrained", target_density=0.5)
+            train(SparseModel(gated, distillation), ids, ids, objective=Constrained(target_density=0.5))
 
     :param teacher: the frozen model, e.g. a copy of the dense model taken before
         :func:`~l0bayes.pruning.sparsify_transformer`; it is put in ``eval()`` mode, runs under ``torch.no_grad()``,

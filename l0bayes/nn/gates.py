@@ -101,7 +101,18 @@ class HardConcreteGate(nn.Module):
     * in ``eval()`` mode the test-time gate of Eq. 13;
     * inside :func:`pyro_gates` a ``pyro.sample`` site, so the same network serves as a Pyro model
       (the site draws from the prior) and the guide supplies :meth:`distribution`.
+
+    Every place that multiplies a signal by the gates (the *site*: a gated layer's input or output, a head's
+    features, a residual branch) reports that signal to :attr:`observer` when one is set, before multiplying.
     """
+
+    #: ``None``, or a callable ``observer(signal, dim, reader)`` that each site of this gate calls with the
+    #: tensor ``s`` it multiplies by the gates (the site computes ``s * z``, ``z`` broadcast along ``dim``), the
+    #: dimension of ``signal`` that indexes the gates (``None`` for a gate of one entry, which scales all of
+    #: ``signal``) and the linear layer whose input ``signal`` is (``None`` where the gates scale an output).
+    #: :func:`~l0bayes.pruning.importance_scores` sets it for its activation scores; unset, a site pays one
+    #: attribute check.
+    observer = None
 
     def __init__(
         self, num_gates, group_size=1, init_drop_rate=0.5, temperature=2.0 / 3.0, lower=-0.1, upper=1.1, init_std=0.01

@@ -10,6 +10,7 @@ fully connected layer and one gate per *output feature map* of a convolution. Th
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .gated_ops import CONDITIONAL_MODES, gated_conv2d, gated_linear
@@ -170,8 +171,11 @@ class L0Linear(L0Layer):
                 f"L0Linear(in_features={self.in_features}, out_features={self.out_features}) got an input of "
                 f"{x.shape[-1]} features (shape {tuple(x.shape)})"
             )
-        z = self.gate()
-        return gated_linear(x, z, self.weight, self.bias, self.conditional, self.gate.num_open(z))
+        gate = self.gate
+        if gate.observer is not None:
+            gate.observer(x, -1, self)
+        z = gate()
+        return gated_linear(x, z, self.weight, self.bias, self.conditional, gate.num_open(z))
 
     def expected_l2(self):
         r"""Eq. 17 (Eq. 15 per group): :math:`\sum_g q(z_g \ne 0) \sum_{j \in g} \tilde\theta_j^2 + \|b\|^2`.
@@ -251,10 +255,13 @@ class L0Conv2d(L0Layer):
         )
 
     def forward(self, x):
-        z = self.gate()
+        gate = self.gate
+        if gate.observer is not None:  # the maps before their gates, computed only for the observer
+            gate.observer(F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation), 1, None)
+        z = gate()
         return gated_conv2d(
             x, z, self.weight, self.bias, self.stride, self.padding, self.dilation, self.conditional,
-            self.gate.num_open(z),
+            gate.num_open(z),
         )  # fmt: skip
 
     def expected_l2(self):

@@ -11,6 +11,9 @@
   :class:`NetworkSize`, :func:`expected_density`, :func:`test_time_density`, :func:`expected_flops`,
   :func:`expected_flops_fraction` and :func:`test_time_flops_fraction`: what the pruned model keeps,
   counted as :func:`prune` removes (:mod:`~l0bayes.pruning.size`), in expectation under :math:`q` and at test time.
+* :func:`importance_scores`: first-order Taylor or activation (Wanda-style) scores of every gate from calibration
+  batches; :func:`init_from_importance` starts the gates from them, at the cut and the expected size of a
+  constrained objective's target (:mod:`~l0bayes.pruning.importance`).
 * :func:`save_pruned` / :func:`load_pruned`: a pruned network as tensors and a list of layers, loaded
   without running code (:mod:`~l0bayes.pruning.export`; the list: :mod:`~l0bayes.pruning.describe`);
   :func:`for_inference` prepares it for CPU inference (:mod:`~l0bayes.pruning.folding`).
@@ -19,6 +22,7 @@
 from .counting import count_parameters, flops
 from .export import load_pruned, save_pruned
 from .folding import fold_batch_norm, for_inference
+from .importance import IMPORTANCE_KINDS, importance_scores, init_from_importance
 from .prune import prune
 from .report import PruneReport
 from .select import SelectFeatures
@@ -56,6 +60,7 @@ __all__ = [
     "GatedLayer",
     "Group",
     "GroupGate",
+    "IMPORTANCE_KINDS",
     "NetworkSize",
     "PruneReport",
     "SelectFeatures",
@@ -75,6 +80,8 @@ __all__ = [
     "flops_per_token",
     "fold_batch_norm",
     "for_inference",
+    "importance_scores",
+    "init_from_importance",
     "l0_wide_resnet",
     "load_pruned",
     "network_size",

@@ -77,10 +77,16 @@ class GatedLayer(L0Layer):
         return isinstance(self, nn.Linear)
 
     def _gate_inputs(self, module, args):  # the gates in the activations' dtype (a bfloat16 model stays bfloat16)
-        return (args[0] * self.gate().to(args[0].dtype), *args[1:])
+        gate = self.gate
+        if gate.observer is not None:
+            gate.observer(args[0], -1, self)
+        return (args[0] * gate().to(args[0].dtype), *args[1:])
 
     def _gate_outputs(self, module, args, output):
-        z = self.gate().to(output.dtype)
+        gate = self.gate
+        if gate.observer is not None:
+            gate.observer(output, 1, None)
+        z = gate().to(output.dtype)
         return output * z.view(-1, *([1] * (output.dim() - 2)))
 
     def expected_l2(self):
@@ -155,6 +161,8 @@ class GroupGate(L0Layer):
         self._z = None
 
     def _gate_outputs(self, module, args, output):
+        if self.gate.observer is not None:
+            self.gate.observer(output, self.dim, None)
         z = self._z if self._z is not None else self.gate()
         shape = [1] * output.dim()
         shape[self.dim] = -1

@@ -6,6 +6,7 @@
   :class:`Checkpointing` (:mod:`.checkpointing`), :class:`LRSchedule` (:mod:`.schedule`):
   what :func:`~l0bayes.inference.train` builds from its arguments;
 * :class:`ParameterAveraging` (:mod:`.averaging`), :class:`LogAlphaProjection` (:mod:`.projection`),
+  :class:`ExpectedFlops` (:mod:`.records`),
   :class:`TensorBoard` (:mod:`.tensorboard`) and :class:`EarlyStopping` (:mod:`.early_stopping`):
   add them with ``train(..., callbacks=[...])``.
 """
@@ -17,7 +18,7 @@ from .checks import FiniteParameters
 from .early_stopping import EarlyStopping
 from .progress import ProgressBar
 from .projection import LogAlphaProjection
-from .records import History
+from .records import ExpectedFlops, History
 from .schedule import LRSchedule
 from .tensorboard import TensorBoard
 
@@ -27,6 +28,7 @@ __all__ = [
     "Checkpointing",
     "FiniteParameters",
     "EarlyStopping",
+    "ExpectedFlops",
     "History",
     "LRSchedule",
     "LogAlphaProjection",

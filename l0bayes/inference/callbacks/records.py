@@ -15,7 +15,7 @@ from ..batches import EVALUATION_BATCH, held_out_batches, random_state_kept
 from ..free_energy import FreeEnergy, free_energy
 from .base import Callback
 
-__all__ = ["History", "VALIDATION_METRICS", "check_held_out", "full_record"]
+__all__ = ["ExpectedFlops", "History", "VALIDATION_METRICS", "check_held_out", "full_record"]
 
 #: The record entries of the validation data's metric, one per kind of model (the others are ``None`` or absent).
 VALIDATION_METRICS = ("validation_error", "validation_rmse", "validation_loss")
@@ -29,9 +29,7 @@ class History(Callback):
     :param validation_data: the same, recorded as ``validation_error`` (``validation_rmse``,
         ``validation_loss``): the data to choose on (:class:`~l0bayes.inference.callbacks.EarlyStopping`).
     :param input_shape: one example's shape (without the batch dimension) for the expected FLOPs of a gated
-        network, or ``None``: the shape of the training examples of ``train_subset``. FLOPs are recorded for the
-        networks that :func:`~l0bayes.pruning.prune` can count (:mod:`l0bayes.pruning.size`), not for others
-        (a regression, a network without gates).
+        network (``expected_flops``), or ``None``: no FLOPs (:class:`ExpectedFlops` records them for any run).
     :param int record_every: the full record every ``record_every`` epochs and at the last; the other
         epochs record only the mean training loss, wall time, step sizes and the objective's own entries.
         Each record says which it is (``full_record``).
@@ -44,12 +42,6 @@ class History(Callback):
         self.input_shape = input_shape
         self.record_every = int(record_every)
         self.start = None
-
-    def setup(self, run):
-        shape = self.input_shape
-        if shape is None and self.train_subset is not None:
-            shape = tuple(self.train_subset[0].shape[1:])
-        self.input_shape = shape if _counts_flops(run.model, shape) else None
 
     def on_epoch_start(self, run):
         self.start = time.perf_counter()
@@ -72,17 +64,37 @@ class History(Callback):
         run.history.append(record)
 
 
-def _counts_flops(model, input_shape):
-    """Whether the expected FLOPs per example of ``model``'s network can be counted for ``input_shape``."""
-    from ...pruning.size import network_size
+class ExpectedFlops(Callback):
+    """Add the expected FLOPs per example of the gated network (``expected_flops``, Fig. 3 of the paper) to every full
+    record, with the parameters the record evaluates (an average, where one is kept).
 
-    if input_shape is None or not gates_of(model):
-        return False
-    try:
-        network_size(model, input_shape).flops("expected")
-    except (ValueError, TypeError, NotImplementedError):  # a network prune() does not handle
-        return False
-    return True
+    A constrained run with a FLOPs target records them without it. Counted as :func:`~l0bayes.pruning.flops` counts
+    the pruned model (:func:`~l0bayes.pruning.expected_flops`), for a network that :func:`~l0bayes.pruning.prune`
+    handles. :func:`~l0bayes.inference.train` runs it right after the record, before the other callbacks.
+
+    :param input_shape: one example's shape, without the batch dimension (e.g. ``(1, 28, 28)``).
+    """
+
+    extends_records = True
+
+    def __init__(self, input_shape):
+        values = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+            raise ValueError(f"ExpectedFlops: input_shape must be a tuple of whole numbers >= 1, got {input_shape!r}")
+        self.input_shape = tuple(values)
+
+    def setup(self, run):
+        from ...pruning.size import network_size
+
+        network_size(run.model, self.input_shape).flops("expected")  # a network it cannot count: an error now
+
+    def on_epoch_end(self, run, record):
+        if not record.get("full_record") or not run.is_main:
+            return
+        from ...pruning.size import expected_flops
+
+        with run.callbacks.evaluation(run), torch.no_grad():
+            record["expected_flops"] = float(expected_flops(getattr(run.model, "net", run.model), self.input_shape))
 
 
 def full_record(run, train_subset, test_data=None, input_shape=None, validation_data=None):

@@ -185,8 +185,13 @@ class ZeroBranch(nn.Module):
         return (zeros, None) if self.pair else zeros
 
 
-def _encoder_forward(layer, src, src_mask, src_key_padding_mask, is_causal, z_attention, z_mlp, feed_forward=True):
-    """``nn.TransformerEncoderLayer``'s slow path, with the branches scaled by ``z_attention`` / ``z_mlp``."""
+def _encoder_forward(
+    layer, src, src_mask, src_key_padding_mask, is_causal, z_attention, z_mlp, feed_forward=True, observed=((), ())
+):
+    """``nn.TransformerEncoderLayer``'s slow path, with the branches scaled by ``z_attention`` / ``z_mlp``.
+
+    ``observed``: the gates of each branch (attention, MLP) whose observer sees the branch's output before its gates.
+    """
     src_key_padding_mask = F._canonical_mask(
         mask=src_key_padding_mask,
         mask_name="src_key_padding_mask",
@@ -203,10 +208,14 @@ def _encoder_forward(layer, src, src_mask, src_key_padding_mask, is_causal, z_at
             x, x, x, attn_mask=src_mask, key_padding_mask=src_key_padding_mask, need_weights=False, is_causal=is_causal
         )[0]
         out = layer.dropout1(out)
+        for gate in observed[0]:
+            gate.observer(out, None, None)
         return out if z_attention is None else out * z_attention.to(out.dtype)
 
     def mlp(x):
         out = layer.dropout2(layer.linear2(layer.dropout(layer.activation(layer.linear1(x)))))
+        for gate in observed[1]:
+            gate.observer(out, None, None)
         return out if z_mlp is None else out * z_mlp.to(out.dtype)
 
     x = src
@@ -224,13 +233,19 @@ class _GatedTransformerEncoderLayer(nn.TransformerEncoderLayer):
     """``nn.TransformerEncoderLayer`` on its slow path, with its branch gates ``l0_attention`` / ``l0_mlp``."""
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        z_a = self.l0_attention.gate() if hasattr(self, "l0_attention") else None
-        z_m = self.l0_mlp.gate() if hasattr(self, "l0_mlp") else None
-        if hasattr(self, "l0_block"):  # the block gate multiplies both branches
-            z_b = self.l0_block.value()
+        holders = [getattr(self, key, None) for key in ("l0_attention", "l0_mlp", "l0_block")]
+        z_a = holders[0].gate() if holders[0] is not None else None
+        z_m = holders[1].gate() if holders[1] is not None else None
+        if holders[2] is not None:  # the block gate multiplies both branches
+            z_b = holders[2].value()
             z_a = z_b if z_a is None else z_a * z_b
             z_m = z_b if z_m is None else z_m * z_b
-        return _encoder_forward(self, src, src_mask, src_key_padding_mask, is_causal, z_a, z_m)
+        observed = ((), ())
+        if any(h is not None and h.gate.observer is not None for h in holders):
+            a, m, b = (h.gate if h is not None and h.gate.observer is not None else None for h in holders)
+            # a branch's output is seen by its own gate and by the block gate
+            observed = (tuple(g for g in (a, b) if g is not None), tuple(g for g in (m, b) if g is not None))
+        return _encoder_forward(self, src, src_mask, src_key_padding_mask, is_causal, z_a, z_m, observed=observed)
 
 
 class PrunedTransformerEncoderLayer(nn.Module):

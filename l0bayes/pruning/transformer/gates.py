@@ -42,9 +42,11 @@ class HeadGate(_TransformerGate):
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}"
 
     def _gate_heads(self, module, args):
-        x = args[0]
-        z = self.gate().to(x.dtype)
-        y = x.unflatten(-1, (self.num_heads, self.head_dim)) * z.unsqueeze(-1)
+        x = args[0].unflatten(-1, (self.num_heads, self.head_dim))
+        gate = self.gate
+        if gate.observer is not None:
+            gate.observer(x, -2, module)
+        y = x * gate().to(x.dtype).unsqueeze(-1)
         return (y.flatten(-2), *args[1:])
 
 
@@ -52,7 +54,10 @@ class UnitGate(_TransformerGate):
     """One gate per intermediate unit of a block's MLP, on the input of its second linear layer (``l0_units``)."""
 
     def _gate_units(self, module, args):
-        return (args[0] * self.gate().to(args[0].dtype), *args[1:])
+        gate = self.gate
+        if gate.observer is not None:
+            gate.observer(args[0], -1, module)
+        return (args[0] * gate().to(args[0].dtype), *args[1:])
 
 
 class LayerGate(_TransformerGate):
@@ -71,9 +76,12 @@ class LayerGate(_TransformerGate):
         self.keep_one_of = keep_one_of
 
     def _gate_output(self, module, args, output):
+        gate = self.gate
+        if gate.observer is not None:
+            gate.observer(output[0] if isinstance(output, tuple) else output, None, None)
         if isinstance(output, tuple):
-            return (output[0] * self.gate().to(output[0].dtype), *output[1:])
-        return output * self.gate().to(output.dtype)
+            return (output[0] * gate().to(output[0].dtype), *output[1:])
+        return output * gate().to(output.dtype)
 
 
 class BlockGate(LayerGate):
@@ -103,6 +111,8 @@ class BlockGate(LayerGate):
         self._z = None
 
     def _gate_output(self, module, args, output):
+        if self.gate.observer is not None:
+            self.gate.observer(output[0] if isinstance(output, tuple) else output, None, None)
         z = self.value()
         if isinstance(output, tuple):
             return (output[0] * z.to(output[0].dtype), *output[1:])
