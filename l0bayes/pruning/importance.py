@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .._checks import Choice
 from .._warnings import warn
-from ..nn.gates import gates_of
+from ..nn.gates import gate_owners, gates_of
 from .transformer.projections import weight as projection_weight
 
 __all__ = ["IMPORTANCE_KINDS", "importance_scores", "init_from_importance"]
@@ -261,10 +261,11 @@ def init_from_importance(model, scores, objective):
         \log\alpha_g = t - \epsilon - \operatorname{softplus}(-(c + r_g)) \text{ (dropped)},
 
     so far from the threshold :math:`\log\alpha_g \approx t + c + r_g`: the odds :math:`\alpha_g` are proportional
-    to the normalised score. Every :math:`\log\alpha` grows with :math:`c`, and so does the expected size; :math:`c`
-    (one per constraint) is found by bisection so that the expected size equals the target. Where no shift gives
-    it (the kept groups alone at :math:`q = 1` and the dropped ones just below the threshold still fall short, or
-    the reverse), the closest shift is used and a warning says what the expected size is.
+    to the normalised score. Every :math:`\log\alpha` grows with :math:`c`, and so does the expected size, from
+    that of the kept groups at the threshold and the dropped ones closed (:math:`c \to -\infty`) to that of the
+    kept groups open and the dropped ones at the threshold (:math:`c \to \infty`); :math:`c` (one per constraint)
+    is found by bisection so that the expected size equals the target. Where the target lies outside that range
+    (a target below what one group per layer keeps), the gates start at the closest end and a warning says so.
 
     :param model: the gated network scored by :func:`importance_scores` (the same object: the names must match).
     :param scores: ``{gate name: non-negative tensor of shape (num_gates,)}`` for every gate of ``model``, as
@@ -283,8 +284,10 @@ def init_from_importance(model, scores, objective):
             f"{type(objective).__name__}"
         )
     if objective.per_layer:
-        raise ValueError("init_from_importance: an objective with per_layer=True is not supported (one shift per "
-                         "constraint would couple the layers); give one target for the network")  # fmt: skip
+        raise ValueError(
+            "init_from_importance: an objective with per_layer=True is not supported (the layers' counts share "
+            "their units); give one target for the network"
+        )
     if objective.rank != "log_alpha":
         raise ValueError(
             f"init_from_importance: the objective's rank must be 'log_alpha' (its final phase then cuts by the "
@@ -292,7 +295,7 @@ def init_from_importance(model, scores, objective):
         )
     named = gates_of(model)
     values = _checked_scores(named, scores)
-    ranks = _normalised_log_scores(named, values)
+    ranks = _normalised_log_scores(model, named, values)
     gates = [gate for _, gate in named]
     saved = [g.log_alpha.detach().clone() for g in gates]
     try:
@@ -300,19 +303,19 @@ def init_from_importance(model, scores, objective):
         keep = _cut(built, gates, ranks)
         groups = _constraint_groups(built, gates)
         targets = torch.tensor(built.target_values, dtype=torch.float64)
-        achieved = _fit_shifts(built, gates, ranks, keep, groups, targets)
+        achieved, low, high = _fit_shifts(built, gates, ranks, keep, groups, targets)
     except BaseException:
         with torch.no_grad():
             for g, la in zip(gates, saved, strict=True):
                 g.log_alpha.copy_(la)
         raise
-    far = (achieved - targets).abs() > _TOLERANCE
-    if bool(far.any()):
-        k = int((achieved - targets).abs().argmax())
+    gap = (achieved - targets).abs()
+    if bool((gap > _TOLERANCE).any()):
+        k = int(gap.argmax())
         warn(
-            f"init_from_importance: no shift of the gates around the Eq. 13 threshold gives the expected size "
-            f"{float(targets[k]):.4f}: the closest is {float(achieved[k]):.4f} (the kept groups open and the dropped "
-            "ones closed at test time bound it)"
+            f"init_from_importance: no shift of the gates gives the target expected size {float(targets[k]):.4f}: "
+            f"with the kept groups above the Eq. 13 threshold and the dropped ones below it, it lies between "
+            f"{float(low[k]):.4f} and {float(high[k]):.4f}; the gates start at the closest, {float(achieved[k]):.4f}"
         )
     wrong = [name for (name, gate), k in zip(named, keep, strict=True) if not torch.equal(gate.active().cpu(), k)]
     if wrong:  # pragma: no cover - the margin keeps every gate on its side of the threshold
@@ -350,12 +353,11 @@ def _checked_scores(named, scores):
     return out
 
 
-def _normalised_log_scores(named, values):
+def _normalised_log_scores(model, named, values):
     """``log(score / scale)`` per gate vector, clipped; the one-gate vectors of one holder kind share a scale."""
     units = {}
-    for i, (name, gate) in enumerate(named):
-        holder = name.rpartition(".")[0]
-        key = (type(gate).__name__, holder.rpartition(".")[2]) if gate.num_gates == 1 else i
+    for i, ((name, gate), (layer, _)) in enumerate(zip(named, gate_owners(model), strict=True)):
+        key = (type(layer).__name__, name.rpartition(".")[0].rpartition(".")[2]) if gate.num_gates == 1 else i
         units.setdefault(key, []).append(i)
     out = [None] * len(values)
     for members in units.values():
@@ -412,7 +414,8 @@ def _set(gates, ranks, keep, members, shift):
 
 @torch.no_grad()
 def _fit_shifts(built, gates, ranks, keep, groups, targets):
-    """Bisection of one shift per constraint (their gates are disjoint), to the expected size at its target."""
+    """Bisection of one shift per constraint (their gates are disjoint) to the expected size at its target: the
+    expected sizes reached, and those at the ends of the interval of shifts."""
     lo = torch.full((len(groups),), -_SHIFT_RANGE, dtype=torch.float64)
     hi = torch.full((len(groups),), _SHIFT_RANGE, dtype=torch.float64)
 
@@ -421,10 +424,11 @@ def _fit_shifts(built, gates, ranks, keep, groups, targets):
             _set(gates, ranks, keep, members, c)
         return built.expected().detach().to("cpu", torch.float64).reshape(-1)
 
+    low, high = expected_at(lo), expected_at(hi)
     for _ in range(_BISECTIONS):
         mid = (lo + hi) / 2
         below = expected_at(mid) < targets
         lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
     at_lo, at_hi = expected_at(lo), expected_at(hi)
     best = torch.where((at_lo - targets).abs() <= (at_hi - targets).abs(), lo, hi)
-    return expected_at(best)
+    return expected_at(best), low, high
