@@ -345,20 +345,21 @@ def test_plot_forest_and_heatmaps(regression, classifier):
 
 
 def test_plot_expected_flops_from_training_history(one_thread):
-    from l0bayes.inference import train
+    from l0bayes.inference import ExpectedFlops, train
 
     torch.manual_seed(0)
     x, y = torch.randn(64, 1, 4, 4), torch.randint(0, 3, (64,))
     model = SparseClassifier(L0MLP(16, (8,), 3, init_drop_rates=0.5), lam=0.1)
     result = train(
-        model, x, y, objective="penalized", epochs=2, batch_size=32, lr=0.05, progress=False, input_shape=(1, 4, 4)
-    )
+        model, x, y, objective="penalized", epochs=2, batch_size=32, lr=0.05, progress=False,
+        callbacks=[ExpectedFlops((1, 4, 4))],
+    )  # fmt: skip
     fig, ax = plot_expected_flops({"L0": result.history}, dense_flops=1000.0)
     _png(fig)
     line = ax.lines[0]
     np.testing.assert_allclose(line.get_ydata(), [r["expected_flops"] for r in result.history])
     assert list(line.get_xdata()) == [1, 2]
-    with pytest.raises(ValueError, match="input_shape"):
+    with pytest.raises(ValueError, match="has epochs without 'expected_flops'"):
         plot_expected_flops([{"epoch": 1}])
 
 

@@ -1,4 +1,4 @@
-"""train(ema_decay=...) and train(log_alpha_range=...): the paper's code's parameter averaging and log_alpha projection.
+"""ParameterAveraging and LogAlphaProjection: the paper's code's parameter averaging and log_alpha projection.
 
 References are independent: the average is recomputed with NumPy from the raw iterates of separate runs (one step
 per epoch, so every iterate is the end of a run), the projection against plain min/max.
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from l0bayes.inference import ParameterAverage, train
+from l0bayes.inference import LogAlphaProjection, ParameterAverage, ParameterAveraging, train
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP, gates_of
 
@@ -89,7 +89,7 @@ def test_train_returns_and_reports_the_average_of_its_iterates(tmp_path):
     for t in range(1, epochs + 1):
         _, raw = _run(t)
         iterates.append({k: v.detach().numpy().copy() for k, v in raw.named_parameters()})
-    result, model = _run(epochs, ema_decay=beta, checkpoint=str(tmp_path / "ckpt.pt"))
+    result, model = _run(epochs, callbacks=[ParameterAveraging(beta)], checkpoint=str(tmp_path / "ckpt.pt"))
     for name, param in model.named_parameters():
         expected = _weighted_mean([it[name] for it in iterates], beta)
         np.testing.assert_allclose(param.detach().numpy(), expected, rtol=1e-5, atol=1e-6, err_msg=name)
@@ -103,22 +103,23 @@ def test_train_returns_and_reports_the_average_of_its_iterates(tmp_path):
 
 def test_resume_with_averaging_is_bit_identical(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
-    _, straight = _run(5, ema_decay=0.9)
-    _run(2, ema_decay=0.9, checkpoint=str(ckpt))
+    _, straight = _run(5, callbacks=[ParameterAveraging(0.9)])
+    _run(2, callbacks=[ParameterAveraging(0.9)], checkpoint=str(ckpt))
     torch.manual_seed(99)
     x, y = _regression()
     resumed = SparseLinearRegression(6)
     train(resumed, x, y, objective="penalized", epochs=5, batch_size=64, lr=0.05, seed=1, progress=False,
-          ema_decay=0.9, checkpoint=str(ckpt), resume=True)  # fmt: skip
+          callbacks=[ParameterAveraging(0.9)], checkpoint=str(ckpt), resume=True)  # fmt: skip
     for (name, a), b in zip(straight.named_parameters(), resumed.parameters(), strict=True):
         assert torch.equal(a, b), name
     _run(2, checkpoint=str(tmp_path / "plain.pt"))  # trained without averaging: nothing to resume it from
     with pytest.raises(ValueError, match="no parameter average"):
         train(SparseLinearRegression(6), *_regression(), objective="penalized", epochs=3, batch_size=64, lr=0.05,
-              seed=1, progress=False, ema_decay=0.9, checkpoint=str(tmp_path / "plain.pt"), resume=True)  # fmt: skip
+              seed=1, progress=False, callbacks=[ParameterAveraging(0.9)], checkpoint=str(tmp_path / "plain.pt"),
+              resume=True)  # fmt: skip
 
 
-def test_log_alpha_range_projects_every_gate():
+def test_log_alpha_projection_bounds_every_gate():
     from sklearn.datasets import load_digits
 
     data = load_digits()
@@ -136,13 +137,18 @@ def test_log_alpha_range_projects_every_gate():
 
     free = fit()
     assert float(free.min()) < low - 1  # without the projection log_alpha leaves the interval
-    projected = fit(log_alpha_range=(low, high))
+    projected = fit(callbacks=[LogAlphaProjection(low, high)])
     low32, high32 = (torch.tensor(v, dtype=projected.dtype) for v in (low, high))  # the bounds in float32
     assert bool((projected >= low32).all()) and bool((projected <= high32).all())
     assert int((projected == low32).sum()) > 0  # some sit on the bound
     x2, y2 = _regression()
     for bad in ((1.0, -1.0), (0.0, 0.0)):
-        with pytest.raises(ValueError, match="log_alpha_range"):
-            train(SparseLinearRegression(6), x2, y2, epochs=1, progress=False, log_alpha_range=bad)
-    with pytest.raises(ValueError, match="ema_decay"):
-        train(SparseLinearRegression(6), x2, y2, epochs=1, progress=False, ema_decay=1.0)
+        with pytest.raises(ValueError, match="LogAlphaProjection: low must be below high"):
+            LogAlphaProjection(*bad)
+    with pytest.raises(ValueError, match=r"ParameterAveraging: decay must be a number in \[0, 1\), got 1.0"):
+        ParameterAveraging(1.0)
+    # both are callbacks: train() itself takes neither setting
+    with pytest.raises(TypeError, match="log_alpha_range"):
+        train(SparseLinearRegression(6), x2, y2, epochs=1, progress=False, log_alpha_range=(low, high))
+    with pytest.raises(TypeError, match="ema_decay"):
+        train(SparseLinearRegression(6), x2, y2, epochs=1, progress=False, ema_decay=0.9)

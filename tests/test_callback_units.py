@@ -22,7 +22,7 @@ from l0bayes.inference.callbacks import (
 )
 from l0bayes.inference.distributed import DataParallelContext
 from l0bayes.inference.loop import Run, fit
-from l0bayes.inference.objectives import make_objective
+from l0bayes.inference.objectives import as_objective
 from l0bayes.io import load_checkpoint
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, gates_of
@@ -37,7 +37,7 @@ def _run(epochs=2, lr=0.05, objective="penalized", seed=0):
     ddp = DataParallelContext(False)
     batches = TensorBatches(x, y, 20, seed, ddp)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    estimator = make_objective(objective, model, 60)
+    estimator = as_objective(objective).build(model, 60)
     run = Run(model, optimizer, estimator, batches, estimator.step, epochs, 60, torch.device("cpu"))
     run.steps_per_epoch = batches.steps_per_epoch
     return run, ddp
@@ -78,7 +78,7 @@ def test_log_alpha_projection_keeps_every_gate_in_range():
     _fit(run, [LogAlphaProjection(-0.5, 0.5), Watch()])
     values = torch.stack(seen)
     assert values.min() >= -0.5 and values.max() <= 0.5 and (values.abs() == 0.5).any()
-    with pytest.raises(ValueError, match="low < high"):
+    with pytest.raises(ValueError, match="LogAlphaProjection: low must be below high, got low=1.0, high=1.0"):
         LogAlphaProjection(1.0, 1.0)
 
 

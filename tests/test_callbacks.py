@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from l0bayes.inference import train
+from l0bayes.inference import Constrained, train
 from l0bayes.inference.callbacks import Callback, EarlyStopping, TensorBoard
 from l0bayes.models import SparseClassifier, SparseModel
 from l0bayes.nn import L0MLP
@@ -106,7 +106,7 @@ def test_resume_with_callbacks_is_bit_identical(objective, tmp_path, interrupt_a
     kw = dict(objective=objective, epochs=4, batch_size=40, lr=0.02, seed=5, progress=False, test_data=test)
     kw["validation_data"] = validation
     if objective == "constrained":
-        kw.update(target_density=0.5, final_phase=0.5)
+        kw["objective"] = Constrained(target_density=0.5, final_phase=0.5)
 
     def callbacks(log_dir):
         return [Recorder(), EarlyStopping(patience=10), TensorBoard(log_dir)]  # monitors validation_error
@@ -254,10 +254,10 @@ def test_a_sparsified_model_with_its_own_loss_trains_from_a_dataloader(task, obj
     model = SparseModel(net, loss_fn, lam=0.05)
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
     # only the head's inputs can go: the stem's and the block's channels enter the residual addition
-    kw = {"target_density": 0.99} if objective == "constrained" else {}
     with torch.no_grad():
         before = float(loss_fn(model.eval()(x), y))
-    result = train(model, loader, objective=objective, epochs=8, lr=0.02, progress=False, test_data=loader, **kw)
+    chosen = Constrained(target_density=0.99) if objective == "constrained" else objective
+    result = train(model, loader, objective=chosen, epochs=8, lr=0.02, progress=False, test_data=loader)
     assert len(result.history) == 8
     record = result.history[-1]
     assert record["test_loss"] < before  # it learned

@@ -14,8 +14,15 @@ import torch._dynamo
 from test_fused import _classifier as fused_classifier
 from torch import nn
 
-from l0bayes.inference import CompiledStep, train
-from l0bayes.inference.objectives import make_objective
+from l0bayes.inference import (
+    Bayes,
+    CompiledStep,
+    Constrained,
+    LogAlphaProjection,
+    ParameterAveraging,
+    Penalized,
+    train,
+)
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.pruning import sparsify
 
@@ -26,7 +33,7 @@ pytestmark = pytest.mark.skipif(
 # The test_fused network (gates spread over open, closed and undecided), in float32 unless told.
 _classifier = functools.partial(fused_classifier, dtype=torch.float32)
 NUM_DATA = 1000
-OBJECTIVES = {"penalized": {}, "bayes": {}, "constrained": {"target_density": 0.5}}
+OBJECTIVES = {"penalized": Penalized(), "bayes": Bayes(), "constrained": Constrained(target_density=0.5)}
 
 
 def _batches(count, dtype=torch.float32, n=32):
@@ -51,11 +58,10 @@ def _steps(step, objective, model, batches):
 
 
 def _eager_and_compiled(objective, eager_model, compiled_model, batches, seed, num_data=NUM_DATA):
-    kwargs = OBJECTIVES[objective]
-    eager = make_objective(objective, eager_model, num_data, **kwargs)
+    eager = OBJECTIVES[objective].build(eager_model, num_data)
     torch.manual_seed(seed)
     eager_out = _steps(eager.step, eager, eager_model, batches)
-    compiled = make_objective(objective, compiled_model, num_data, **kwargs)
+    compiled = OBJECTIVES[objective].build(compiled_model, num_data)
     torch.manual_seed(seed)  # the eager warm-up of the caches leaves the random stream where it was
     return eager_out, _steps(CompiledStep(compiled), compiled, compiled_model, batches), compiled
 
@@ -118,12 +124,13 @@ def test_compiled_constrained_run_with_the_paper_protocol_follows_the_eager_run(
     """The final phase's fixed gates, the log_alpha projection and the parameter average around compiled steps."""
     g = torch.Generator().manual_seed(5)
     x, y = torch.randn(400, 20, generator=g), torch.randint(0, 3, (400,), generator=g)
-    settings = {"objective": "constrained", "target_density": 0.5, "final_phase": 0.34, "epochs": 3, "batch_size": 100,
-                "lr": 1e-2, "log_alpha_range": (-4.6, 4.6), "ema_decay": 0.9, "progress": False}  # fmt: skip
+    settings = {"objective": Constrained(target_density=0.5, final_phase=0.34), "epochs": 3, "batch_size": 100,
+                "lr": 1e-2, "progress": False}  # fmt: skip
     runs = {}
     for compiled in (False, True):
         model = _classifier()
-        runs[compiled] = train(model, x, y, compile=compiled, **settings).history
+        protocol = [LogAlphaProjection(-4.6, 4.6), ParameterAveraging(0.9)]  # each run its own
+        runs[compiled] = train(model, x, y, compile=compiled, callbacks=protocol, **settings).history
     for eager, compiled in zip(runs[False], runs[True], strict=True):
         for key in ("mean_loss", "free_energy", "constraint", "test_time_density"):
             assert compiled[key] == pytest.approx(eager[key], rel=1e-4), key
@@ -134,7 +141,7 @@ def test_a_second_model_with_other_settings_gets_its_own_values(objective):
     """Compiled graphs are shared between models; every setting must reach the graph as an input or a guard."""
     batches = _batches(1)
     first = _classifier()
-    CompiledStep(make_objective(objective, first, NUM_DATA))(*batches[0])
+    CompiledStep(OBJECTIVES[objective].build(first, NUM_DATA))(*batches[0])
     second = _classifier()
     second.lam, second.prior_inclusion = 5.0, 0.05  # other code cost and prior
     with torch.no_grad():
@@ -155,7 +162,7 @@ def test_compile_refuses_a_model_without_fused_losses():
     assert torch.equal(torch.get_rng_state(), rng)  # refused before anything was touched
     assert all(torch.equal(a, b) for a, b in zip(state.values(), model.state_dict().values(), strict=True))
     with pytest.raises(ValueError, match="fused loss penalized_loss"):
-        CompiledStep(make_objective("penalized", SparseLinearRegression(5), 40))
+        CompiledStep(Penalized().build(SparseLinearRegression(5), 40))
 
 
 def test_compile_must_be_a_bool():

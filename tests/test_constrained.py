@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from l0bayes import pruning
-from l0bayes.inference import ConstrainedObjective, constrained_summary, train
+from l0bayes.inference import Constrained, Penalized, constrained_summary, train
 from l0bayes.inference.callbacks import Callback
 from l0bayes.inference.objectives.final_phase import HARDLY_MOVING, epochs_advice, epochs_needed
 from l0bayes.io import load_checkpoint, save_checkpoint
@@ -133,7 +133,7 @@ def test_final_phase_keeps_top_gates_that_fit_in_the_pruned_model():
     log_alpha = [[3.0, -1.0, 2.0, 0.0], [1.5, -2.0, 0.5], [-5.0, -4.0]]
     _set_log_alpha(net, log_alpha)
     target = 13 / 29
-    objective = ConstrainedObjective(net, 10, target_density=target)
+    objective = Constrained(target_density=target).build(net, 10)
     keep = objective.keep_masks()
     # checked by prune() on every set: the kept set fits, holds each layer's best gate, and no further gate fits
     flat = [k for mask in keep for k in mask.tolist()]
@@ -154,7 +154,7 @@ def test_final_phase_keeps_top_gates_that_fit_in_the_pruned_model():
     _set_log_alpha(net, log_alpha)
     objective.start_epoch(9, 10)  # the last of ten epochs: the gates are fixed
     assert pruning.test_time_density(net) == pytest.approx(kept_with(flat)) and pruning.test_time_density(net) <= target
-    per = ConstrainedObjective(_net(), 10, target_density=[0.5, 0.5, 0.7], per_layer=True)
+    per = Constrained(target_density=[0.5, 0.5, 0.7], per_layer=True).build(_net(), 10)
     _set_log_alpha(per.model, log_alpha)
     with pytest.warns(UserWarning, match="before the Lagrangian arrived"):
         per.start_epoch(0, 1)
@@ -229,7 +229,7 @@ def _digits_run(data, objective, **kwargs):
 
 def test_digits_target_is_met_at_test_time_with_penalised_error(readme_job):
     data = _digits()
-    net, last = _digits_run(data, "constrained", target_density=0.3)
+    net, last = _digits_run(data, Constrained(target_density=0.3))
     assert 0.28 <= pruning.test_time_density(net) <= 0.32
     assert last["test_time_density"] == pruning.test_time_density(net)
     # a penalised run of higher density: the README's main job (the same MLP, split, epochs and learning rate,
@@ -242,7 +242,7 @@ def test_digits_target_is_met_at_test_time_with_penalised_error(readme_job):
 
 def test_digits_per_layer_targets_hold_per_layer():
     data = _digits()
-    net, last = _digits_run(data, "constrained", target_density=0.4, per_layer=True)
+    net, last = _digits_run(data, Constrained(target_density=0.4, per_layer=True))
     for name, achieved in pruning.test_time_density(net, per_layer=True).items():
         # at most the target; fc2 can reach only 0.38: its count is (its inputs + 1) x the 19 inputs fc3 keeps
         assert 0.4 - 0.025 <= achieved <= 0.4, (name, achieved)
@@ -264,7 +264,7 @@ def test_resume_is_bit_exact_for_every_objective(objective, tmp_path, interrupt_
     x, y = _sparse_regression()
     kw = dict(objective=objective, epochs=4, batch_size=50, lr=0.05, seed=3, progress=False)
     if objective == "constrained":
-        kw.update(target_density=0.3, final_phase=0.5)
+        kw["objective"] = Constrained(target_density=0.3, final_phase=0.5)
     ckpt = tmp_path / "ckpt.pt"
     torch.manual_seed(0)
     straight_model = SparseLinearRegression(10)
@@ -300,8 +300,10 @@ def test_resume_to_more_epochs_is_the_longer_run(first, then, arrival, tmp_path)
     # of `then` epochs for (2, 4) and (2, 3): the resume goes back to the state its checkpoint keeps from before the
     # final phase. For (10, 11) both begin at epoch 8 and the resume continues from the checkpoint itself.
     x, y = _sparse_regression()
-    kw = dict(objective="constrained", target_density=0.3, batch_size=50, lr=0.05, seed=3, progress=False)
-    kw["arrival"] = arrival  # with 0.02 the gates wait for the Lagrangian: fixed later, or forced at the last epoch
+    # with arrival=0.02 the gates wait for the Lagrangian: fixed later, or forced at the last epoch
+    kw = dict(
+        objective=Constrained(target_density=0.3, arrival=arrival), batch_size=50, lr=0.05, seed=3, progress=False
+    )
     torch.manual_seed(0)
     straight_model = SparseLinearRegression(10)
     straight = train(straight_model, x, y, epochs=then, **kw)
@@ -327,16 +329,20 @@ def test_resume_to_more_epochs_is_the_longer_run(first, then, arrival, tmp_path)
 def test_a_resume_that_cannot_be_exact_is_refused_saying_why(tmp_path):
     x, y = _sparse_regression()
     ckpt = str(tmp_path / "ckpt.pt")
-    kw = dict(objective="constrained", target_density=0.3, batch_size=50, lr=0.05, seed=3, progress=False)
+    kw = dict(batch_size=50, lr=0.05, seed=3, progress=False)
+
+    def at(final_phase):
+        return Constrained(target_density=0.3, final_phase=final_phase)
+
     # Without a final phase 4 epochs leave the gates free; a run of 5 epochs with final_phase=0.5 fixes them from
     # epoch 3: the checkpoint is past that point.
-    train(SparseLinearRegression(10), x, y, epochs=4, final_phase=0.0, checkpoint=ckpt, **kw)
+    train(SparseLinearRegression(10), x, y, epochs=4, objective=at(0.0), checkpoint=ckpt, **kw)
     with pytest.raises(ValueError, match=r"ckpt.pt.*epochs=5.*final phase begins at epoch 3.*epochs >= 8"):
-        train(SparseLinearRegression(10), x, y, epochs=5, final_phase=0.5, checkpoint=ckpt, resume=True, **kw)
+        train(SparseLinearRegression(10), x, y, epochs=5, objective=at(0.5), checkpoint=ckpt, resume=True, **kw)
     # The final phase of 4 epochs at 0.5 begins at epoch 3; one of 5 epochs at 0.9 at epoch 1, earlier.
-    train(SparseLinearRegression(10), x, y, epochs=4, final_phase=0.5, checkpoint=ckpt, **kw)
+    train(SparseLinearRegression(10), x, y, epochs=4, objective=at(0.5), checkpoint=ckpt, **kw)
     with pytest.raises(ValueError, match=r"fixed its gates at epoch 3, later.*epochs >= 20"):
-        train(SparseLinearRegression(10), x, y, epochs=5, final_phase=0.9, checkpoint=ckpt, resume=True, **kw)
+        train(SparseLinearRegression(10), x, y, epochs=5, objective=at(0.9), checkpoint=ckpt, resume=True, **kw)
     # A checkpoint of an earlier version, without the state from before its final phase.
     state = load_checkpoint(ckpt)
     del state["before_final_phase"], state["objective_state"]["fixed_at"]
@@ -344,8 +350,8 @@ def test_a_resume_that_cannot_be_exact_is_refused_saying_why(tmp_path):
     with pytest.raises(
         ValueError, match=r"fixed its gates at epoch 3 .*earlier version.*epochs from 4 to 5, or train anew"
     ):
-        train(SparseLinearRegression(10), x, y, epochs=6, final_phase=0.5, checkpoint=ckpt, resume=True, **kw)
-    train(SparseLinearRegression(10), x, y, epochs=4, final_phase=0.5, checkpoint=ckpt, resume=True, **kw)  # done
+        train(SparseLinearRegression(10), x, y, epochs=6, objective=at(0.5), checkpoint=ckpt, resume=True, **kw)
+    train(SparseLinearRegression(10), x, y, epochs=4, objective=at(0.5), checkpoint=ckpt, resume=True, **kw)  # done
 
 
 @pytest.mark.filterwarnings("ignore:constrained. the gates are fixed")
@@ -373,21 +379,21 @@ def test_resume_with_a_changed_run_is_refused(tmp_path):
     x, y = _sparse_regression()
     ckpt = str(tmp_path / "ckpt.pt")
     kw = dict(batch_size=50, seed=3, progress=False, checkpoint=ckpt)
-    train(SparseLinearRegression(10), x, y, epochs=1, lr=0.05, objective="constrained", target_density=0.3, **kw)
+    train(SparseLinearRegression(10), x, y, epochs=1, lr=0.05, objective=Constrained(target_density=0.3), **kw)
     with pytest.raises(ValueError, match="lr 0.05 -> 0.01"):
-        train(SparseLinearRegression(10), x, y, epochs=2, lr=0.01, objective="constrained", target_density=0.3,
+        train(SparseLinearRegression(10), x, y, epochs=2, lr=0.01, objective=Constrained(target_density=0.3),
               resume=True, **kw)  # fmt: skip
     with pytest.raises(ValueError, match="objective"):
         train(SparseLinearRegression(10), x, y, epochs=2, lr=0.05, objective="penalized", resume=True, **kw)
     with pytest.raises(ValueError, match="data"):
-        train(SparseLinearRegression(10), x + 1, y, epochs=2, lr=0.05, objective="constrained", target_density=0.3,
+        train(SparseLinearRegression(10), x + 1, y, epochs=2, lr=0.05, objective=Constrained(target_density=0.3),
               resume=True, **kw)  # fmt: skip
     with pytest.raises(ValueError, match="target density"):
-        train(SparseLinearRegression(10), x, y, epochs=2, lr=0.05, objective="constrained", target_density=0.2,
+        train(SparseLinearRegression(10), x, y, epochs=2, lr=0.05, objective=Constrained(target_density=0.2),
               resume=True, **kw)  # fmt: skip
     with pytest.raises(RuntimeError, match="size mismatch"):  # another model
-        train(SparseLinearRegression(9), x[:, :9], y, epochs=2, lr=0.05, objective="constrained",
-              target_density=0.3, resume=True, **kw)  # fmt: skip
+        train(SparseLinearRegression(9), x[:, :9], y, epochs=2, lr=0.05, objective=Constrained(target_density=0.3),
+              resume=True, **kw)  # fmt: skip
 
 
 def test_argument_and_data_errors_are_clear():
@@ -402,12 +408,15 @@ def test_argument_and_data_errors_are_clear():
         train(model, x, None, progress=False)
     with pytest.raises(ValueError, match="record_every"):
         train(model, x, y, record_every=0, progress=False)
-    with pytest.raises(ValueError, match="final_phase"):
-        train(model, x, y, objective="constrained", target_density=0.5, final_phase=1.0, progress=False)
-    with pytest.raises(ValueError, match="multiplier_lr"):
-        train(model, x, y, objective="constrained", target_density=0.5, multiplier_lr=float("inf"), progress=False)
-    with pytest.raises(ValueError, match="target_density"):
-        train(model, x, y, objective="constrained", target_density=1.5, progress=False)
+    # the constrained objective's settings are checked where they are defined, when the objective is built
+    with pytest.raises(ValueError, match=r"Constrained: final_phase must be a number in \[0, 1\), got 1.0"):
+        Constrained(target_density=0.5, final_phase=1.0)
+    with pytest.raises(ValueError, match="Constrained: multiplier_lr must be a finite number >= 0"):
+        Constrained(target_density=0.5, multiplier_lr=float("inf"))
+    with pytest.raises(ValueError, match=r"Constrained: target_density must be a number in \(0, 1\].*got 1.5"):
+        Constrained(target_density=1.5)
+    with pytest.raises(ValueError, match="objective='constrained' needs its target"):
+        train(model, x, y, objective="constrained", progress=False)
 
 
 def test_divergence_on_the_pyro_path_is_a_non_finite_loss_error():
@@ -435,7 +444,7 @@ def test_final_phase_survives_parameter_averaging():
     average = ParameterAverage(net, 0.99)
     for _ in range(50):
         average.update()
-    objective = ConstrainedObjective(net, 10, target_density=0.45)
+    objective = Constrained(target_density=0.45).build(net, 10)
     with pytest.warns(UserWarning, match="before the Lagrangian arrived"):
         objective.start_epoch(9, 10)  # fixes the gates
     fixed = pruning.test_time_density(net)
@@ -476,7 +485,7 @@ def test_an_infinite_log_alpha_is_not_returned_silently():
     with torch.no_grad():
         model.gate.log_alpha[0] = float("inf")
     with pytest.raises(NonFiniteLossError, match="log_alpha"):
-        train(model, x, y, objective="constrained", target_density=0.4, epochs=1, final_phase=0, progress=False)
+        train(model, x, y, objective=Constrained(target_density=0.4, final_phase=0), epochs=1, progress=False)
 
 
 def test_a_final_phase_far_above_the_target_is_warned_and_recorded():
@@ -488,7 +497,7 @@ def test_a_final_phase_far_above_the_target_is_warned_and_recorded():
     model = SparseClassifier(_net())
     with pytest.warns(UserWarning, match="final phase"):
         result = train(
-            model, x, y, objective="constrained", target_density=0.3, epochs=2, lr=1e-4, final_phase=0.5,
+            model, x, y, objective=Constrained(target_density=0.3, final_phase=0.5), epochs=2, lr=1e-4,
             progress=False,
         )  # fmt: skip
     started = result.history[-1]["density_at_final_phase"]
@@ -508,7 +517,7 @@ def test_the_summary_reads_where_the_final_phase_started_from_the_run():
     model = SparseClassifier(_net())
     with pytest.warns(UserWarning, match="final phase"):
         result = train(
-            model, x, y, objective="constrained", target_density=0.3, epochs=2, lr=1e-4, final_phase=0.5,
+            model, x, y, objective=Constrained(target_density=0.3, final_phase=0.5), epochs=2, lr=1e-4,
             progress=False,
         )  # fmt: skip
     from_result = constrained_summary(result, 0.3)
@@ -554,7 +563,7 @@ def test_a_target_no_cut_can_meet_is_said_in_one_line():
             return self.head((h + self.block(h)).mean((2, 3)))
 
     net = sparsify(Residual(), example_inputs=torch.randn(2, 1, 8, 8))
-    objective = ConstrainedObjective(net, 10, target_density=0.6)
+    objective = Constrained(target_density=0.6).build(net, 10)
     with pytest.warns(UserWarning, match=r"target density 0.600 cannot be met.*keeps 0.96"):
         objective.keep_masks()
 
@@ -598,9 +607,9 @@ def test_target_warmup_moves_the_target_linearly_then_holds_it():
     # constraint starts near the dense model and meets the final target at step 5 (the sixth).
     x, y = _sparse_regression()
     watch = _Targets()
-    result = train(SparseLinearRegression(10), x, y, objective="constrained", target_density=0.3, target_warmup=6,
-                   final_phase=0.0, epochs=3, batch_size=50, lr=0.05, seed=3, progress=False,
-                   callbacks=[watch])  # fmt: skip
+    result = train(SparseLinearRegression(10), x, y,
+                   objective=Constrained(target_density=0.3, target_warmup=6, final_phase=0.0), epochs=3,
+                   batch_size=50, lr=0.05, seed=3, progress=False, callbacks=[watch])  # fmt: skip
     steps = 3 * 4
     used = [1 - 0.7 / 6] + [t[0] for t in watch.after[:-1]]  # the first step's, then each one set for the next
     assert used == pytest.approx([1 - 0.7 * min(1.0, (s + 1) / 6) for s in range(steps)], abs=1e-6)
@@ -618,8 +627,8 @@ def test_target_warmup_keeps_the_lagrangian_from_overshooting_the_target():
 
     def expected(warmup):
         torch.manual_seed(0)
-        history = train(SparseLinearRegression(10), x, y, objective="constrained", target_density=0.3,
-                        target_warmup=warmup, multiplier_lr=1.0, final_phase=0.0, epochs=25, batch_size=50, lr=0.1,
+        objective = Constrained(target_density=0.3, target_warmup=warmup, multiplier_lr=1.0, final_phase=0.0)
+        history = train(SparseLinearRegression(10), x, y, objective=objective, epochs=25, batch_size=50, lr=0.1,
                         seed=3, progress=False).history  # fmt: skip
         return [h["constraint"][0] for h in history]
 
@@ -634,7 +643,7 @@ def test_target_warmup_keeps_the_lagrangian_from_overshooting_the_target():
 def test_a_run_with_target_warmup_resumes_bit_exactly(warmup, tmp_path, interrupt_at_epoch):
     # Interrupted after epoch 2 (step 8): with a 10-step warm-up the resume continues the schedule where it was.
     x, y = _sparse_regression()
-    kw = dict(objective="constrained", target_density=0.3, target_warmup=warmup, final_phase=0.25, epochs=4,
+    kw = dict(objective=Constrained(target_density=0.3, target_warmup=warmup, final_phase=0.25), epochs=4,
               batch_size=50, lr=0.05, seed=3, progress=False)  # fmt: skip
     torch.manual_seed(0)
     straight_model = SparseLinearRegression(10)
@@ -648,19 +657,25 @@ def test_a_run_with_target_warmup_resumes_bit_exactly(warmup, tmp_path, interrup
     resumed = train(resumed_model, x, y, checkpoint=ckpt, resume=True, **kw)
     _same_run(straight_model, straight, resumed_model, resumed)
     assert [h.get("target_now") for h in straight.history] == [h.get("target_now") for h in resumed.history]
+    other = Constrained(target_density=0.3, target_warmup=5, final_phase=0.25)
     with pytest.raises(ValueError, match=f"trained with target_warmup={warmup}, this run asks target_warmup=5"):
-        train(SparseLinearRegression(10), x, y, checkpoint=ckpt, resume=True, **{**kw, "target_warmup": 5})
+        train(SparseLinearRegression(10), x, y, checkpoint=ckpt, resume=True, **{**kw, "objective": other})
 
 
 def test_target_warmup_arguments():
     x, y = _sparse_regression(n=50, p=5)
     model = SparseLinearRegression(5)
     for bad in (-1, 1.5, float("inf")):
-        with pytest.raises(ValueError, match="target_warmup must be a whole number >= 0"):
-            train(model, x, y, objective="constrained", target_density=0.5, target_warmup=bad, progress=False)
-    with pytest.raises(TypeError, match="target_warmup must be a whole number >= 0, got True"):
-        train(model, x, y, objective="constrained", target_density=0.5, target_warmup=True, progress=False)
-    with pytest.raises(ValueError, match="target_warmup=10"):  # another objective would ignore it
+        with pytest.raises(ValueError, match="Constrained: target_warmup must be a whole number >= 0"):
+            Constrained(target_density=0.5, target_warmup=bad)
+    with pytest.raises(TypeError, match="Constrained: target_warmup must be a whole number >= 0, got the bool True"):
+        Constrained(target_density=0.5, target_warmup=True)
+    # the warm-up is the constrained objective's setting: neither train() nor another objective takes it
+    with pytest.raises(TypeError, match="target_warmup"):
         train(model, x, y, objective="penalized", target_warmup=10, progress=False)
-    with pytest.raises(ValueError, match="target_warmup must be a whole number >= 0, got 2.0"):
-        ConstrainedObjective(model, 50, target_density=0.5, target_warmup=2.0)
+    with pytest.raises(TypeError, match=r"Penalized\(\) takes no arguments"):
+        Penalized(target_warmup=10)
+    # a whole number given as a float is that number of steps, in the objective the run builds
+    warmup = Constrained(target_density=0.5, target_warmup=2.0)
+    assert warmup.target_warmup == 2 and type(warmup.target_warmup) is int
+    assert warmup.build(model, 50).target_warmup == 2

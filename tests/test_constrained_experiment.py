@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from l0bayes.inference import Constrained
 from l0bayes.nn import gates_of
 from l0bayes.pruning import count_parameters, flops, prune
 
@@ -89,27 +90,32 @@ def test_flop_targets_reach_train(tmp_path, monkeypatch):
     seen = []
     real_train = script.train
 
-    def train_with_flops(model, x, y, *, objective, target_flops=None, **kwargs):
-        seen.append((objective, target_flops, kwargs["input_shape"]))
+    def train_with_flops(model, x, y, *, objective, **kwargs):
+        seen.append((objective, tuple(x.shape[1:])))  # the FLOPs are counted for the shape of the examples
         return real_train(model, x, y, objective="penalized", **kwargs)
 
     monkeypatch.setattr(script, "train", train_with_flops)
     out = tmp_path / "runs"
     script.main(["--data", "digits", "--epochs", "1", "--target-flops", "0.25", "--out", str(out)])
-    assert seen == [("constrained", 0.25, (1, 8, 8))]
+    assert seen == [(Constrained(target_flops=0.25), (1, 8, 8))]
     run = json.loads((out / "mlp-cflops0.25-s0.json").read_text())
     assert run["settings"]["target_kind"] == "flops" and run["settings"]["target"] == 0.25
     (row,) = script.summary_rows(script.load_runs(out))
     assert row["kind"] == "flops" and row["off"] == pytest.approx(abs(run["final"]["flops_fraction"] - 0.25))
 
 
-def test_flop_targets_need_a_train_that_takes_them(tmp_path, monkeypatch, capsys):
+def test_flop_targets_need_a_constrained_objective_that_takes_them(tmp_path, monkeypatch, capsys):
     script = _script()
 
-    def train_without_flops(model, x, y=None, objective="bayes", target_density=None):
+    class DensityOnly:  # a version of the constrained objective without FLOP targets
+        def __init__(self, target_density=None, *, per_layer=False):
+            raise AssertionError("no run should start")
+
+    def train(*args, **kwargs):
         raise AssertionError("no run should start")
 
-    monkeypatch.setattr(script, "train", train_without_flops)
+    monkeypatch.setattr(script, "Constrained", DensityOnly)
+    monkeypatch.setattr(script, "train", train)
     with pytest.raises(SystemExit):
         script.main(["--data", "digits", "--target-flops", "0.25", "--targets", "0.3", "--out", str(tmp_path / "r")])
     assert "has no target_flops argument" in capsys.readouterr().err

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from l0bayes.inference import free_energy, train
+from l0bayes.inference import Constrained, free_energy, train
 from l0bayes.inference.distributed import (
     DataParallelContext,
     DistributedConfig,
@@ -48,7 +48,7 @@ SHARED = DistributedConfig(shared_gate_noise=True)
 OBJECTIVES = {
     "penalized": {"objective": "penalized"},
     "bayes": {"objective": "bayes"},
-    "constrained": {"objective": "constrained", "target_density": 0.5, "per_layer": True},
+    "constrained": {"objective": Constrained(target_density=0.5, per_layer=True)},
 }
 
 

@@ -13,15 +13,14 @@ import torch
 from residual_cnn import ResNet
 from test_fused import _classifier as fused_classifier
 
-from l0bayes.inference import GraphedStep, train
+from l0bayes.inference import Bayes, Constrained, ExpectedFlops, GraphedStep, Penalized, train
 from l0bayes.inference import graphed as graphed_module
-from l0bayes.inference.objectives import make_objective
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP, L0LeNet5
 from l0bayes.pruning import sparsify
 
 NUM_DATA = 1000
-OBJECTIVES = {"penalized": {}, "bayes": {}, "constrained": {"target_density": 0.5}}
+OBJECTIVES = {"penalized": Penalized(), "bayes": Bayes(), "constrained": Constrained(target_density=0.5)}
 
 
 def _classifier(device="cpu"):
@@ -59,8 +58,8 @@ def module_capture(monkeypatch):
 def test_graphed_step_gives_the_eager_step_and_leaves_the_random_stream(objective, module_capture):
     eager_model = _classifier()
     graphed_model = copy.deepcopy(eager_model)
-    eager = make_objective(objective, eager_model, NUM_DATA, **OBJECTIVES[objective])
-    graphed = make_objective(objective, graphed_model, NUM_DATA, **OBJECTIVES[objective])
+    eager = OBJECTIVES[objective].build(eager_model, NUM_DATA)
+    graphed = OBJECTIVES[objective].build(graphed_model, NUM_DATA)
     step = GraphedStep(graphed)
     x, y = _batch()
     for seed in (5, 6):  # the first call captures (its warm-up leaves the random stream as it was), then replays
@@ -81,7 +80,7 @@ def test_graphed_step_gives_the_eager_step_and_leaves_the_random_stream(objectiv
 
 def test_graphed_step_runs_other_shapes_and_evaluation_eagerly(module_capture):
     model = _classifier()
-    objective = make_objective("penalized", model, NUM_DATA)
+    objective = Penalized().build(model, NUM_DATA)
     calls = []
 
     def eager(x, y):
@@ -107,7 +106,7 @@ def test_a_capture_that_fails_says_why(monkeypatch):
 
     monkeypatch.setattr(graphed_module, "capture", refuse)
     model = _classifier()
-    objective = make_objective("bayes", model, NUM_DATA)
+    objective = Bayes().build(model, NUM_DATA)
     step = GraphedStep(objective)
     x, y = _batch()
     torch.manual_seed(0)
@@ -128,7 +127,7 @@ def test_the_capture_keeps_no_autograd_graph_alive(monkeypatch):
 
     monkeypatch.setattr(graphed_module, "capture", capture)
     model = _classifier()
-    objective = make_objective("penalized", model, NUM_DATA)
+    objective = Penalized().build(model, NUM_DATA)
     grad_modes = []
 
     def eager(x, y):
@@ -186,7 +185,8 @@ def test_the_step_backward_reads_nothing_back_to_the_host(network, objective, op
     if "target_flops" in options:
         options = {**options, "input_shape": tuple(x.shape[1:])}
     model = SparseClassifier(net, lam=0.1)
-    _, value, _ = make_objective(objective, model, NUM_DATA, **options).step(x, torch.randint(0, 3, (x.shape[0],)))
+    settings = Constrained(**options) if objective == "constrained" else OBJECTIVES[objective]
+    _, value, _ = settings.build(model, NUM_DATA).step(x, torch.randint(0, 3, (x.shape[0],)))
     nodes = _backward_nodes(value)
     assert "AccumulateGrad" in nodes and not nodes & HOST_READING_BACKWARD, sorted(nodes & HOST_READING_BACKWARD)
 
@@ -194,7 +194,7 @@ def test_the_step_backward_reads_nothing_back_to_the_host(network, objective, op
 def test_the_capture_restores_buffers(module_capture):
     model = _classifier()
     model.register_buffer("steps_seen", torch.zeros(()))
-    objective = make_objective("penalized", model, NUM_DATA)
+    objective = Penalized().build(model, NUM_DATA)
 
     def counting(x, y):
         model.steps_seen.add_(1)
@@ -205,14 +205,14 @@ def test_the_capture_restores_buffers(module_capture):
 
 
 def test_graphed_step_needs_cuda_without_the_fake_capture():
-    objective = make_objective("penalized", _classifier(), NUM_DATA)
+    objective = Penalized().build(_classifier(), NUM_DATA)
     with pytest.raises(RuntimeError, match="needs the minibatch on a CUDA device"):
         GraphedStep(objective)(*_batch())
 
 
 def test_constrained_multipliers_move_in_place():
     model = _classifier()
-    objective = make_objective("constrained", model, NUM_DATA, target_density=0.3)
+    objective = Constrained(target_density=0.3).build(model, NUM_DATA)
     mu = objective.mu
     before = mu.clone()
     violation = torch.tensor([0.25])
@@ -274,8 +274,8 @@ def test_cuda_graphs_give_the_eager_steps(objective, network, cuda_device):
             for _ in range(4)
         ]
     graphed_model = copy.deepcopy(eager_model)
-    eager = make_objective(objective, eager_model, NUM_DATA, **OBJECTIVES[objective])
-    graphed = make_objective(objective, graphed_model, NUM_DATA, **OBJECTIVES[objective])
+    eager = OBJECTIVES[objective].build(eager_model, NUM_DATA)
+    graphed = OBJECTIVES[objective].build(graphed_model, NUM_DATA)
     step = GraphedStep(graphed)
     for k, (x, y) in enumerate(batches):  # the graph's gate draws follow the generator as the eager ones do
         torch.manual_seed(10 + k)
@@ -302,15 +302,14 @@ def test_train_with_cuda_graphs_trains_and_resumes_bit_identically(objective, cu
     x = torch.tensor(data.data[:600], dtype=torch.float32) / 16.0
     y = torch.tensor(data.target[:600], dtype=torch.long)
     run = dict(
-        objective=objective,
-        target_density=0.8 if objective == "constrained" else None,
+        objective=Constrained(target_density=0.8) if objective == "constrained" else objective,
         batch_size=64,  # 600 = 9 x 64 + 24: the smaller last minibatch runs eagerly
         lr=2e-2,
         device=cuda_device,
         seed=4,
         progress=False,
         cuda_graph=True,
-        input_shape=(64,),
+        callbacks=[ExpectedFlops((64,))],
         test_data=(x, y),
     )
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from l0bayes.inference import clipped, parameter_groups, train
+from l0bayes.inference import Constrained, clipped, parameter_groups, train
 from l0bayes.io import load_checkpoint
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, gates_of
@@ -140,22 +140,21 @@ def test_reduce_on_plateau_is_stepped_with_the_mean_loss():
 
 
 def test_constrained_multiplier_step_is_three_times_the_gates_lr(monkeypatch):
-    import l0bayes.inference.training as training
-
     seen = {}
-    original = training.make_objective
+    original = Constrained.build
 
-    def spy(*args, **kwargs):
-        seen.update(kwargs)
-        return original(*args, **kwargs)
+    def spy(self, *args, **kwargs):
+        objective = original(self, *args, **kwargs)
+        seen["multiplier_lr"] = objective.multiplier_lr
+        return objective
 
-    monkeypatch.setattr(training, "make_objective", spy)
-    kwargs = {"objective": "constrained", "target_density": 0.5}
-    _train(_model(), 1, optimizer=_sgd(lr=0.1, gate_lr=0.02), scheduler=_steps((1,), 0.1), **kwargs)
+    monkeypatch.setattr(Constrained, "build", spy)
+    objective = Constrained(target_density=0.5)
+    _train(_model(), 1, optimizer=_sgd(lr=0.1, gate_lr=0.02), scheduler=_steps((1,), 0.1), objective=objective)
     assert seen["multiplier_lr"] == pytest.approx(3 * 0.02)
-    _train(_model(), 1, lr=0.004, **kwargs)  # the default Adam: 3 * lr
+    _train(_model(), 1, lr=0.004, objective=objective)  # the default Adam: 3 * lr
     assert seen["multiplier_lr"] == pytest.approx(3 * 0.004)
-    _train(_model(), 1, optimizer=_sgd(), multiplier_lr=0.7, **kwargs)
+    _train(_model(), 1, optimizer=_sgd(), objective=Constrained(target_density=0.5, multiplier_lr=0.7))
     assert seen["multiplier_lr"] == 0.7
 
 

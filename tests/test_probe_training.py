@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from l0bayes.cli.arguments import _seed as parse_seed
-from l0bayes.inference import NonFiniteLossError, clipped, train
+from l0bayes.inference import Constrained, NonFiniteLossError, clipped, train
 from l0bayes.inference.callbacks import Callback
 from l0bayes.models import SparseClassifier, SparseLinearRegression, SparseModel
 from l0bayes.nn import L0MLP
@@ -172,7 +172,7 @@ def test_a_batch_larger_than_the_data_is_one_batch_of_all_rows(examples):
     )
     def prop(kind, objective, n, batch_size):
         x, y = _data(kind, n)
-        kwargs = {"objective": objective, "target_density": 0.5 if objective == "constrained" else None}
+        kwargs = {"objective": Constrained(target_density=0.5) if objective == "constrained" else objective}
         model, ref_model = _model(kind), _model(kind)
         result = _fit(model, x, y, batch_size=batch_size, **kwargs)
         reference = _fit(ref_model, x, y, batch_size=min(batch_size, n), **kwargs)

@@ -12,7 +12,7 @@ from l0bayes.inference.batches import TensorBatches
 from l0bayes.inference.callbacks import CallbackList, History, ProgressBar
 from l0bayes.inference.distributed import DataParallelContext
 from l0bayes.inference.loop import Run, fit
-from l0bayes.inference.objectives import make_objective
+from l0bayes.inference.objectives import Penalized
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP
 
@@ -29,7 +29,7 @@ def _run(epochs):
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(60, 6, generator=g), torch.randint(0, 3, (60,), generator=g)
     batches = TensorBatches(x, y, 20, 0, DataParallelContext(False))
-    objective = make_objective("penalized", model, 60)
+    objective = Penalized().build(model, 60)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     run = Run(model, optimizer, objective, batches, objective.step, epochs, 60, torch.device("cpu"))
     run.steps_per_epoch = batches.steps_per_epoch

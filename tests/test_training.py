@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from l0bayes.inference import NonFiniteLossError, train
+from l0bayes.inference import Constrained, ExpectedFlops, NonFiniteLossError, train
 from l0bayes.models import SparseClassifier, SparseLinearRegression
 from l0bayes.nn import L0MLP, architecture
 
@@ -67,7 +67,7 @@ def test_constrained_training_meets_target_density(device):
     target = 0.06  # three of fifty gates, fewer than the five true features: the constraint binds
     model = SparseLinearRegression(50)
     result = train(
-        model, x, y, objective="constrained", target_density=target, epochs=60, batch_size=100, lr=0.05,
+        model, x, y, objective=Constrained(target_density=target), epochs=60, batch_size=100, lr=0.05,
         device=device, progress=False,
     )  # fmt: skip
     density = result.history[-1]["constraint"][0]
@@ -80,7 +80,7 @@ def test_errors_are_clear():
     model = SparseLinearRegression(5)
     with pytest.raises(ValueError, match="objective"):
         train(model, x, y, objective="map", progress=False)
-    with pytest.raises(ValueError, match="target_density"):
+    with pytest.raises(ValueError, match=r"objective='constrained' needs its target.*Constrained\(target_density="):
         train(model, x, y, objective="constrained", progress=False)
     with pytest.raises(ValueError, match="rows"):
         train(model, x, y[:10], progress=False)
@@ -113,14 +113,13 @@ def test_l0_mlp_classifier_trains(objective, device):
         model,
         x,
         y,
-        objective=objective,
-        target_density=0.8 if objective == "constrained" else None,
+        objective=Constrained(target_density=0.8) if objective == "constrained" else objective,
         epochs=12,
         batch_size=50,
         lr=2e-2,
         device=device,
         test_data=(x, y),
-        input_shape=(64,),
+        callbacks=[ExpectedFlops((64,))],
         progress=False,
     )
     assert result.device.type == device.type and next(model.parameters()).device.type == "cpu"  # back home

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from l0bayes._warnings import warn
-from l0bayes.inference import ConstrainedObjective, train
+from l0bayes.inference import Constrained, train
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP
 from l0bayes.pruning import sparsify
@@ -26,7 +26,7 @@ def test_the_constrained_warning_names_the_call_of_train():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         line = _line() + 1
-        train(model, x, y, objective="constrained", target_density=0.05, epochs=1, batch_size=16, progress=False)
+        train(model, x, y, objective=Constrained(target_density=0.05), epochs=1, batch_size=16, progress=False)
     found = [w for w in caught if "before the Lagrangian arrived" in str(w.message)]
     assert len(found) == 1, [str(w.message) for w in caught]
     assert (found[0].filename, found[0].lineno) == (__file__, line)
@@ -46,9 +46,7 @@ def test_a_warning_through_torch_no_grad_names_the_direct_call():
             h = torch.relu(self.stem(x))
             return self.head((h + self.block(h)).mean((2, 3)))
 
-    objective = ConstrainedObjective(
-        sparsify(Residual(), example_inputs=torch.randn(2, 1, 8, 8)), 10, target_density=0.6
-    )
+    objective = Constrained(target_density=0.6).build(sparsify(Residual(), example_inputs=torch.randn(2, 1, 8, 8)), 10)
     with pytest.warns(UserWarning, match="cannot be met") as caught:
         line = _line() + 1
         objective.keep_masks()
