@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from residual_cnn import ResNet
 from torch import nn
 
-from l0bayes.inference import Constrained, train
+from l0bayes.inference import Constrained, ExpectedFlops, train
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0Layer, WideResNet, architecture, gates_of, penalty
 from l0bayes.pruning import (
@@ -176,7 +176,7 @@ def test_train_under_every_objective(objective):
     if objective == "constrained":
         objective = Constrained(target_density=0.5)
     result = train(model, x, y, objective=objective, epochs=2, batch_size=10, lr=0.05, progress=False,
-                   test_data=(x, y), device="cpu")  # fmt: skip
+                   test_data=(x, y), device="cpu", callbacks=[ExpectedFlops((1, 8, 8))])  # fmt: skip
     assert [r["epoch"] for r in result.history] == [1, 2]
     for record in result.history:
         assert 0 < record["expected_flops"] <= flops(gated, (1, 8, 8))
