@@ -18,7 +18,7 @@ from scipy.special import expit, logsumexp
 from scipy.stats import ks_2samp
 
 from l0bayes.distributions.polya_gamma import polya_gamma_mean, sample_polya_gamma
-from l0bayes.selection import TemperedGibbsResult, exact_inclusion_probabilities, tempered_gibbs
+from l0bayes.selection import RunLength, TemperedGibbsResult, exact_inclusion_probabilities, tempered_gibbs
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -91,8 +91,7 @@ def test_gaussian_sampler_matches_enumeration(correlated_gaussian, kernel):
         0.5,
         1.0,
         kernel=kernel,
-        min_steps=2000,
-        max_steps=2000,
+        run_length=RunLength(min_steps=2000, max_steps=2000),
         generator=torch.Generator().manual_seed(0),
     )
     assert run.num_steps == 2000 and run.chain_inclusion.shape == (4, 10)
@@ -113,7 +112,9 @@ def test_gram_columns_as_needed_give_the_whole_gram_matrix_answer(correlated_gau
         args = (torch.tensor(x), torch.tensor(y), 0.2, 0.5, 1.0)
         # (a short warm-up: the chains are compared with each other, step by step)
         gen = torch.Generator().manual_seed(3)
-        runs.append(tempered_gibbs(*args, warmup=100, min_steps=300, max_steps=300, generator=gen))
+        runs.append(
+            tempered_gibbs(*args, run_length=RunLength(warmup=100, min_steps=300, max_steps=300), generator=gen)
+        )
     np.testing.assert_allclose(runs[0].inclusion, runs[1].inclusion, rtol=1e-9, atol=1e-12)
     assert np.abs(runs[0].inclusion - exact.inclusion).max() < 0.2
 
@@ -125,9 +126,9 @@ def test_a_given_gram_matrix_is_read_instead_of_computed(correlated_gaussian):
     gram = xt.T @ xt
     other = 0.5 * gram + 0.5 * torch.diag(torch.diagonal(gram))  # the same diagonal, weaker correlations
     # (a short warm-up: the chains are compared with each other, step by step)
-    opts = {"warmup": 100, "min_steps": 200, "max_steps": 200}
+    short = RunLength(warmup=100, min_steps=200, max_steps=200)
     runs = [
-        tempered_gibbs(xt, yt, 0.2, 0.5, 1.0, **opts, generator=torch.Generator().manual_seed(3), gram=g)
+        tempered_gibbs(xt, yt, 0.2, 0.5, 1.0, run_length=short, generator=torch.Generator().manual_seed(3), gram=g)
         for g in (None, gram, other)
     ]
     np.testing.assert_allclose(runs[1].inclusion, runs[0].inclusion, rtol=1e-10, atol=1e-13)
@@ -163,7 +164,7 @@ def test_a_given_gram_matrix_is_checked(correlated_gaussian):
     xt, yt = torch.tensor(x), torch.tensor(y)
     for bad in (xt.T @ xt[:, :5], (xt.T @ xt).float(), "X^T X"):
         with pytest.raises(ValueError, match="gram must be X\\^T X"):
-            tempered_gibbs(xt, yt, 0.2, 0.5, 1.0, max_steps=10, gram=bad)
+            tempered_gibbs(xt, yt, 0.2, 0.5, 1.0, run_length=RunLength(max_steps=10), gram=bad)
 
 
 def test_diagnostics_on_demand_equal_those_of_the_run():
@@ -175,7 +176,10 @@ def test_diagnostics_on_demand_equal_those_of_the_run():
     args = (torch.tensor(x), torch.tensor(y - y.mean()), 0.3, 1.0, 1.0)
     runs = [
         tempered_gibbs(
-            *args, warmup=100, min_steps=400, max_steps=400, generator=torch.Generator().manual_seed(2), diagnose=d
+            *args,
+            run_length=RunLength(warmup=100, min_steps=400, max_steps=400),
+            generator=torch.Generator().manual_seed(2),
+            diagnose=d,
         )
         for d in (True, False)
     ]
@@ -208,7 +212,12 @@ def test_noise_moves_from_the_whole_gram_matrix_follow_the_same_chains(monkeypat
         gen = torch.Generator().manual_seed(1)
         # (a short warm-up: the chains are compared with each other, step by step)
         runs.append(
-            tempered_gibbs(*args, noise_prior="jeffreys", warmup=100, min_steps=400, max_steps=400, generator=gen)
+            tempered_gibbs(
+                *args,
+                noise_prior="jeffreys",
+                run_length=RunLength(warmup=100, min_steps=400, max_steps=400),
+                generator=gen,
+            )
         )
     assert runs[0].details["omega_fraction"] > 0.1  # sigma moved often
     np.testing.assert_allclose(runs[0].inclusion, runs[1].inclusion, rtol=1e-8, atol=1e-11)
@@ -284,7 +293,13 @@ def test_one_step_of_warm_up():
     x = ar1(30, 4, 0.3, rng)
     y = x[:, 0] + rng.standard_normal(30)
     run = tempered_gibbs(
-        torch.tensor(x), torch.tensor(y - y.mean()), 0.3, 1.0, 1.0, noise_prior="jeffreys", warmup=1, max_steps=5
+        torch.tensor(x),
+        torch.tensor(y - y.mean()),
+        0.3,
+        1.0,
+        1.0,
+        noise_prior="jeffreys",
+        run_length=RunLength(warmup=1, max_steps=5),
     )
     assert run.num_steps == 5
 
@@ -317,8 +332,7 @@ def test_gaussian_sampler_with_unknown_noise_matches_enumeration():
         0.7,
         3.0,  # a poor start: the true sigma is 1.5
         noise_prior="jeffreys",
-        min_steps=2000,
-        max_steps=2000,
+        run_length=RunLength(min_steps=2000, max_steps=2000),
         generator=torch.Generator().manual_seed(0),
     )
     within_mcse(run.inclusion, run.mcse, exact)
@@ -337,9 +351,7 @@ def test_bernoulli_sampler_matches_quadrature():
         1.0,
         family="bernoulli",
         intercept_scale=10.0,
-        warmup=300,
-        min_steps=1500,
-        max_steps=1500,
+        run_length=RunLength(warmup=300, min_steps=1500, max_steps=1500),
         generator=torch.Generator().manual_seed(0),
     )
     assert 0.1 < run.details["omega_fraction"] < 0.3
@@ -362,8 +374,7 @@ def test_bernoulli_sampler_matches_quadrature_long(polya_gamma):
         0.8,
         family="bernoulli",
         intercept_scale=5.0,
-        min_steps=20_000,
-        max_steps=20_000,
+        run_length=RunLength(min_steps=20_000, max_steps=20_000),
         polya_gamma=polya_gamma,
         generator=torch.Generator().manual_seed(5),
     )
@@ -401,13 +412,15 @@ def test_sampler_stops_when_mixed_and_on_time():
     y = x[:, 0] + rng.standard_normal(100)
     args = (torch.tensor(x), torch.tensor(y - y.mean()), 0.2, 1.0, 1.0)
     # (a short warm-up and minimum: what is checked is that the run ends where its chains mix, here at 1,000 steps)
-    opts = {"warmup": 100, "min_steps": 300, "max_steps": 50_000}
-    easy = tempered_gibbs(*args, **opts, generator=torch.Generator().manual_seed(0))
+    until_mixed = RunLength(warmup=100, min_steps=300, max_steps=50_000)
+    easy = tempered_gibbs(*args, run_length=until_mixed, generator=torch.Generator().manual_seed(0))
     assert easy.details["stopped"] == "mixed" and easy.num_steps < 50_000 and easy.mixed
     # the budget can end the run only after the warm-up: a short one, so that a loaded machine cannot make the
     # warm-up alone outlast the bound below
     quick = tempered_gibbs(
-        *args, warmup=10, max_steps=10**7, time_budget=0.3, generator=torch.Generator().manual_seed(0)
+        *args,
+        run_length=RunLength(warmup=10, max_steps=10**7, time_budget=0.3),
+        generator=torch.Generator().manual_seed(0),
     )
     assert quick.details["stopped"] == "time" and quick.seconds < 5.0
 
@@ -424,6 +437,8 @@ def test_sampler_bad_arguments():
         tempered_gibbs(x, y, 1.5, 1.0, 1.0)
     with pytest.raises(ValueError, match="polya_gamma"):
         tempered_gibbs(x, (y > 0).double(), 0.5, 1.0, family="bernoulli", polya_gamma="numpy")
+    with pytest.raises(ValueError, match="num_chains >= 1, got 0"):
+        tempered_gibbs(x, y, 0.5, 1.0, 1.0, num_chains=0)
 
 
 @pytest.mark.gpu
@@ -436,8 +451,7 @@ def test_sampler_on_gpu(correlated_gaussian):
         0.2,
         0.5,
         1.0,
-        min_steps=3000,
-        max_steps=3000,
+        run_length=RunLength(min_steps=3000, max_steps=3000),
         generator=torch.Generator(device="cuda").manual_seed(0),
     )
     within_mcse(run.inclusion, run.mcse, exact.inclusion)
@@ -462,8 +476,7 @@ def test_a_noise_that_collapses_on_a_model_fitting_y_exactly_is_a_clear_error():
             0.5,
             start=start,
             num_chains=2,
-            warmup=0,
-            max_steps=20_000,
+            run_length=RunLength(warmup=0, max_steps=20_000),
             noise_prior="jeffreys",
             explore=1e-3,
             generator=torch.Generator().manual_seed(1),

@@ -12,7 +12,7 @@ probabilities of the spike-and-slab model, each produced by a method that says w
 * The check: Pareto-smoothed importance sampling of the fit against the exact collapsed posterior
   (:func:`importance_check`, :mod:`~l0bayes.selection.importance`).
 * The exact sampler: weighted tempered Gibbs sampling (:func:`tempered_gibbs`, :mod:`l0bayes.selection.sampler`),
-  started from the fit (:mod:`~l0bayes.selection.mcmc`).
+  for as long as a :class:`RunLength` says, started from the fit (:mod:`~l0bayes.selection.mcmc`).
 * The reference: :func:`exact_inclusion_probabilities` by enumerating all :math:`2^p` models
   (:mod:`~l0bayes.selection.exact`).
 * :class:`VariableSelector`: :func:`select_variables` as a scikit-learn feature selector, imported on first use
@@ -27,6 +27,7 @@ from .importance import ImportanceCheck, gate_importance_check, importance_check
 from .result import SelectionResult
 from .sampler.diagnostics import TemperedGibbsResult
 from .sampler.gibbs import tempered_gibbs
+from .sampler.run_length import RunLength
 from .single_effects import SingleEffectsFit, credible_sets, fit_single_effects
 
 if TYPE_CHECKING:  # pragma: no cover - for static analysis and documentation tools
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover - for static analysis and documentation to
 __all__ = [
     "ExactSpikeSlab",
     "ImportanceCheck",
+    "RunLength",
     "SelectionResult",
     "SingleEffectsFit",
     "TemperedGibbsResult",

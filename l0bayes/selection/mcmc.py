@@ -9,6 +9,7 @@ same sampler, and the full run's answer where the two disagree.
 import numpy as np
 
 from .sampler.gibbs import tempered_gibbs
+from .sampler.run_length import RunLength
 
 MCMC_WARMUP = 500  # warm-up steps per chain of the sampler's runs (but the short test of a passed check)
 AGREE = 0.2  # a passed check is confirmed when no probability differs from the sampler's by more than this
@@ -44,9 +45,7 @@ def refine(fit, xs, y, family, opts, time_budget, noise_given, warmup=MCMC_WARMU
         family=family,
         start=fit["start"],
         num_chains=opts["num_chains"],
-        warmup=warmup,
-        max_steps=opts["mcmc_steps"],
-        time_budget=time_budget,
+        run_length=RunLength(warmup=warmup, max_steps=opts["mcmc_steps"], time_budget=time_budget),
         noise_prior="jeffreys" if sample_noise else None,
         generator=opts["generator"],
         gram=fit.get("gram"),

@@ -40,12 +40,13 @@ class TemperedGibbsResult:
     :ivar chain_inclusion: ``(chains, p)`` each chain's own estimate.
     :ivar states: ``(chains, draws)`` list of lists: thinned states as index arrays of the included features.
     :ivar state_log_weights: ``(chains, draws)`` their log importance weights :math:`-\log Z`.
-    :ivar num_steps: steps per chain after warm-up.
-    :ivar num_warmup: warm-up steps per chain.
+    :ivar num_steps: steps per chain after warm-up (as many as the run's
+        :class:`~l0bayes.selection.sampler.run_length.RunLength` allowed).
+    :ivar num_warmup: warm-up steps per chain (its ``warmup``).
     :ivar seconds: wall time.
     :ivar details: ``omega_fraction`` (share of steps that updated :math:`\omega` or :math:`\sigma`),
-        ``stopped`` (``"mixed"``, ``"time"`` or ``"steps"``), ``noise_scale_mean`` (posterior mean
-        of :math:`\sigma` when it is sampled).
+        ``stopped`` (what ended the run: ``"mixed"`` at a convergence check, ``"time"`` at the time budget or
+        ``"steps"`` at ``max_steps``), ``noise_scale_mean`` (posterior mean of :math:`\sigma` when it is sampled).
     """
 
     inclusion: np.ndarray

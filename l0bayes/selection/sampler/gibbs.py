@@ -58,8 +58,9 @@ and a flip between two correlated features, which a plain Gibbs sampler makes wi
 probability, is taken at once: the tempering puts the weight on it, the importance weight
 corrects for that. Several chains run in lock step (batched tensor operations, any device).
 
-The state of the chains and its rank-one updates are in :mod:`l0bayes.selection.sampler.state`; the result, its
-R-hat, ESS and Monte Carlo standard errors in :mod:`l0bayes.selection.sampler.diagnostics`.
+How long the chains run is a :class:`~l0bayes.selection.sampler.run_length.RunLength`. The state of the chains and
+its rank-one updates are in :mod:`l0bayes.selection.sampler.state`; the result, its R-hat, ESS and Monte Carlo
+standard errors in :mod:`l0bayes.selection.sampler.diagnostics`.
 """
 
 import math
@@ -70,6 +71,7 @@ import torch
 
 from ...distributions.polya_gamma import polya_gamma_mean, sample_polya_gamma
 from .diagnostics import RELEVANT, BlockSums, StateSnapshots, chain_result
+from .run_length import RunLength
 from .state import ChainState, check_gram
 
 # noise_prior="jeffreys": a draw of sigma below this fraction of y's standard deviation means that the chain's model
@@ -107,11 +109,7 @@ def tempered_gibbs(
     family="gaussian",
     start=None,
     num_chains=4,
-    warmup=500,
-    max_steps=100_000,
-    min_steps=1000,
-    time_budget=None,
-    check_every=1000,
+    run_length=None,
     explore=5.0,
     kernel="wtgs",
     omega_fraction=0.2,
@@ -134,12 +132,10 @@ def tempered_gibbs(
     :param start: ``(C, p)`` boolean starting models, or ``(p,)`` probabilities to draw them from
         (chain 0 starts at the median model), default the empty model.
     :param int num_chains: chains run in lock step.
-    :param int warmup: steps per chain discarded first.
-    :param int max_steps: at most this many steps per chain after warm-up.
-    :param int min_steps: at least this many steps per chain after warm-up before stopping early.
-    :param time_budget: seconds; sampling stops when they have passed (``None``: no limit).
-    :param int check_every: steps between convergence checks; sampling stops early when every
-        probability of at least 0.01 has R-hat <= 1.01 and ESS >= 100.
+    :param run_length: how long to sample, a :class:`~l0bayes.selection.sampler.run_length.RunLength`: the warm-up,
+        the least and most steps per chain after it, how often convergence is checked and the time budget
+        (``None``: ``RunLength()``, 500 warm-up steps, then 1,000 to 100,000 steps per chain, stopping at the
+        first check, every 1,000 steps, where the chains have mixed).
     :param float explore: :math:`\kappa_e` of the selection weights (about that many
         uniformly chosen coordinates per ``p`` steps).
     :param str kernel: ``"wtgs"`` or ``"gibbs"`` (random-scan Gibbs on the same conditionals,
@@ -176,11 +172,17 @@ def tempered_gibbs(
         raise ValueError(f"slab_scale must be positive, got {slab_scale}")
     if family == "gaussian" and not (noise_scale is not None and noise_scale > 0):
         raise ValueError(f"the Gaussian family needs a positive noise_scale, got {noise_scale}")
-    if num_chains < 1 or warmup < 0 or min_steps < 0 or max_steps < 1 or check_every < 1:
-        raise ValueError(
-            "need num_chains >= 1, warmup >= 0, min_steps >= 0, max_steps >= 1 and check_every >= 1; got "
-            f"{num_chains}, {warmup}, {min_steps}, {max_steps}, {check_every}"
+    if num_chains < 1:
+        raise ValueError(f"need num_chains >= 1, got {num_chains}")
+    if run_length is None:
+        run_length = RunLength()
+    elif not isinstance(run_length, RunLength):
+        raise TypeError(
+            "run_length must be a RunLength (from l0bayes.selection), e.g. RunLength(warmup=500, max_steps=100_000), "
+            f"or None, got {type(run_length).__name__} {run_length!r}"
         )
+    warmup, max_steps, min_steps = run_length.warmup, run_length.max_steps, run_length.min_steps
+    check_every, time_budget = run_length.check_every, run_length.time_budget
     began = time.perf_counter()
     n, p = x.shape
     dtype, device = x.dtype, x.device
