@@ -7,7 +7,7 @@ standard library (text that ships with Python). Every method has one budget, mas
 
 * ``dense``: the dense model fine-tuned.
 * ``ours``: :func:`~l0bayes.pruning.sparsify_transformer` (key-value groups and MLP units, no branch gates),
-  trained with ``objective="constrained"`` while distilling from the dense model
+  trained with ``objective=Constrained(...)`` while distilling from the dense model
   (:class:`~l0bayes.models.Distillation`) for ``--mask-fraction`` of the steps, towards a target architecture
   (``--target architecture``, the default: ``--kv-heads`` key-value groups and the MLP width that brings every
   block to half of its parameters, one constraint per block and size) or half of the blocks' parameters in all
@@ -67,7 +67,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tables import format_table  # noqa: E402
 
-from l0bayes.inference import parameter_groups, train  # noqa: E402
+from l0bayes.inference import Constrained, parameter_groups, train  # noqa: E402
 from l0bayes.inference.callbacks import Callback  # noqa: E402
 from l0bayes.models import Distillation, PlainModel, SparseModel  # noqa: E402
 from l0bayes.pruning import count_parameters, fix_architecture, network_size, prune, sparsify_transformer  # noqa: E402
@@ -523,13 +523,14 @@ def method_ours(base, data, args, seed):
         result = train(
             SparseModel(gated, loss, lam=0.0),  # the constraint, not a code cost, sets the size
             step_batches(data["train"], args, seed),
-            objective="constrained",
-            **size,
-            final_phase=0.0,
-            # (a margin read by StopAtArrival only: there is no final phase; "each" fixes the blocks one by one)
-            arrival={"arrival": args.arrival, "each": "each"}.get(args.cut),
-            multiplier_lr=args.multiplier_lr,
-            target_warmup=args.target_warmup,
+            objective=Constrained(
+                **size,
+                final_phase=0.0,
+                # (a margin read by StopAtArrival only: there is no final phase; "each" fixes the blocks one by one)
+                arrival={"arrival": args.arrival, "each": "each"}.get(args.cut),
+                multiplier_lr=args.multiplier_lr,
+                target_warmup=args.target_warmup,
+            ),
             epochs=mask_steps,
             record_every=mask_steps,
             optimizer=adamw(args, args.mask_lr),

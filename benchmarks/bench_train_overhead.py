@@ -20,7 +20,7 @@ import time
 import torch
 
 from l0bayes.data import load_dataset
-from l0bayes.inference import train
+from l0bayes.inference import ExpectedFlops, train
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP
 
@@ -81,7 +81,7 @@ def train_epoch(model, data, epochs, lr, record_every):
         lr=lr,
         device="cpu",
         test_data=(data.x_test, data.y_test),
-        input_shape=data.input_shape,
+        callbacks=[ExpectedFlops(data.input_shape)],
         progress=False,
         record_every=record_every,
         threads=None,  # the count of --threads

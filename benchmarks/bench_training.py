@@ -8,7 +8,7 @@ MLP 784-300-100-10 trained with Adam (lr 1e-3) in these ways:
   ``nll + code cost`` from ``penalized_loss`` (Eq. 22), as ``train(objective="penalized")``;
 * ``penalized_protocol``: the same plus the paper code's projection of ``log_alpha`` onto
   ``[log 0.01, log 100]`` and the parameter average (decay 0.999) after every step, as
-  ``train(objective="penalized", log_alpha_range=..., ema_decay=0.999)``;
+  ``train(objective="penalized", callbacks=[LogAlphaProjection(...), ParameterAveraging(0.999)])``;
 * ``bayes``: SVI on Eq. 21 with the analytic gate KL as ``train(objective="bayes")`` runs it:
   ``SparseClassifier.bayes_loss`` (all gates in one fused pass, the KL with its closed-form gradient);
 * ``penalized_autograd``: ``penalized`` with the layers' products written the plain way, for a
@@ -83,7 +83,7 @@ from tables import format_table
 from l0bayes.data import find_fashion_mnist, load_mnist_format
 from l0bayes.inference import CompiledStep, ParameterAverage, train
 from l0bayes.inference.loop import ACCELERATOR_CHECK_EVERY, FiniteCheck
-from l0bayes.inference.objectives import make_objective
+from l0bayes.inference.objectives import as_objective
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, MLP, L0LeNet5, LeNet5, gate_set, gates_of, layers
 
@@ -190,7 +190,7 @@ def make_step(method, model, num_data):
                 return finish(nll + cost)
 
     elif method == "penalized_protocol":
-        # train(log_alpha_range=(log 0.01, log 100), ema_decay=0.999): the paper code's projection and averaging
+        # callbacks=[LogAlphaProjection(log 0.01, log 100), ParameterAveraging(0.999)]: the paper code's protocol
         log_alphas = [g.log_alpha for _, g in gates_of(model)]
         average = ParameterAverage(model, 0.999)
         low, high = math.log(0.01), math.log(100.0)
@@ -396,7 +396,7 @@ def compiled_step(method, model, num_data):
             return loss, loss / num_data
 
     else:
-        objective = CompiledStep(make_objective(method, model, num_data))
+        objective = CompiledStep(as_objective(method).build(model, num_data))
 
         def loss_and_value(xb, yb):
             return objective(xb, yb)[:2]
@@ -486,7 +486,7 @@ def graph_body(method, model, x, y, index, optimizer, total, num_data, compiled=
     """What the graph holds: gather ``x[index]``, ``y[index]``, loss, backward, Adam step, ``total += loss``.
 
     For ``penalized_protocol`` also the projection of ``log_alpha`` and the parameter average, as
-    ``train(log_alpha_range=(log 0.01, log 100), ema_decay=0.999)``.
+    ``train(callbacks=[LogAlphaProjection(log 0.01, log 100), ParameterAveraging(0.999)])``.
     """
     loss_fn = graph_loss(method, model, num_data)
     if compiled:

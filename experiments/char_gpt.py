@@ -15,10 +15,9 @@ The end-to-end transformer example of ``docs/guide/transformers.md``, small enou
     its weights after ``--steps`` steps start the pruned runs, and its validation loss is recorded after
     ``--steps`` steps and at the end;
   - ``c0.5``, ``c0.25`` (``--targets``): from the dense weights after ``--steps`` steps,
-    ``sparsify_transformer`` (heads, MLP units, branches) and ``train(objective="constrained",
-    target_density=...)`` for ``--prune-steps`` more steps (the gates' Adam step ``--gate-lr``, the multipliers'
-    three times that, the last ``--final-phase`` of the steps with the gates fixed); then ``prune`` gives a
-    plain, smaller :class:`GPT`;
+    ``sparsify_transformer`` (heads, MLP units, branches) and ``train(objective=Constrained(target_density=...))``
+    for ``--prune-steps`` more steps (the gates' Adam step ``--gate-lr``, the multipliers' three times that, the
+    last ``--final-phase`` of the steps with the gates fixed); then ``prune`` gives a plain, smaller :class:`GPT`;
   - ``scratch0.5``, ``scratch0.25``: a dense :class:`GPT` of the same depth with fewer heads and MLP units, its
     parameter count within a few percent of the target fraction of the dense model's (:func:`scratch_config`),
     trained from scratch for ``--steps + --prune-steps`` steps: as many as the pruned model saw (dense, then
@@ -66,7 +65,7 @@ from torch import nn
 
 from l0bayes._atomic import atomic_write
 from l0bayes.analysis.plots import head_map
-from l0bayes.inference import parameter_groups, train
+from l0bayes.inference import Constrained, parameter_groups, train
 from l0bayes.inference.objectives import FINAL_PHASE
 from l0bayes.models import SparseModel
 from l0bayes.pruning import count_parameters, flops_per_token, network_size, prune, sparsify_transformer
@@ -404,9 +403,10 @@ def run_constrained(args, data, seed, target):
 
     start = time.perf_counter()
     result = train(
-        model, batches, None, objective="constrained", target_density=target, epochs=epochs, lr=args.lr,
-        multiplier_lr=3 * args.gate_lr, optimizer=optimizer, num_data=per_epoch * args.batch, seed=seed,
-        final_phase=args.final_phase, progress=False, device="cpu", threads=None,
+        model, batches, None,
+        objective=Constrained(target_density=target, multiplier_lr=3 * args.gate_lr, final_phase=args.final_phase),
+        epochs=epochs, lr=args.lr, optimizer=optimizer, num_data=per_epoch * args.batch, seed=seed, progress=False,
+        device="cpu", threads=None,
     )  # fmt: skip
     wall = time.perf_counter() - start
     gated.eval()
@@ -625,7 +625,7 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam step size of the weights")
     parser.add_argument("--gate-lr", type=float, default=0.1, help="Adam step size of the gates' log_alpha")
     parser.add_argument(
-        "--final-phase", type=float, default=0.6, help=f"train()'s final_phase (its default: {FINAL_PHASE})"
+        "--final-phase", type=float, default=0.6, help=f"Constrained's final_phase (its default: {FINAL_PHASE})"
     )
     parser.add_argument("--init-drop-rate", type=float, default=0.05, help="initial gate drop rate (from dense)")
     parser.add_argument("--layers", type=int, default=4)

@@ -1,12 +1,13 @@
 """Constrained sparsity against its targets, measured on the pruned network: size, FLOPs and error per run.
 
 Trains the gated MLP, LeNet-5 or a small residual CNN with batch norm (``--model resnet``, gated by
-:func:`l0bayes.pruning.sparsify`) with ``objective="constrained"`` for each parameter-density target
-(``--targets``, model-wise, or one per layer with ``--per-layer``) and each FLOP target (``--target-flops``,
-a fraction of the dense network's FLOPs per example, passed to ``train(..., target_flops=)``), and, for
-comparison, with the penalised objective for each ``--lam``. Every run writes ``OUT/<name>.json``: its
-settings, the per-epoch history, and the final numbers measured on the pruned network
-(:func:`l0bayes.pruning.prune`) independently of what the objective optimised:
+:func:`l0bayes.pruning.sparsify`) with ``objective=Constrained(...)`` for each parameter-density target
+(``--targets``, model-wise, or one per layer with ``--per-layer``: ``Constrained(target_density=...)``) and
+each FLOP target (``--target-flops``, a fraction of the dense network's FLOPs per example:
+``Constrained(target_flops=...)``), and, for comparison, with the penalised objective for each ``--lam``.
+``--variant`` sets more of :class:`~l0bayes.inference.Constrained`'s settings (and of ``train()``'s). Every
+run writes ``OUT/<name>.json``: its settings, the per-epoch history, and the final numbers measured on the
+pruned network (:func:`l0bayes.pruning.prune`) independently of what the objective optimised:
 
 * ``params_fraction`` = ``count_parameters(prune(net)) / count_parameters(net)``;
 * ``flops_fraction`` = ``flops(prune(net), input_shape) / flops(net, input_shape)``;
@@ -47,13 +48,19 @@ from torch import nn
 
 from l0bayes._atomic import atomic_write
 from l0bayes.data import load_dataset
-from l0bayes.inference import constrained_summary, train
+from l0bayes.inference import Constrained, ExpectedFlops, constrained_summary, train
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, L0LeNet5, architecture, gates_of
 from l0bayes.nn.density import test_time_gate_density
 from l0bayes.pruning import count_parameters, flops, prune, sparsify
 
 MODELS = ("mlp", "lenet5", "resnet")
+#: The settings of :class:`~l0bayes.inference.Constrained` a ``--variant`` may set (the target is the run's).
+CONSTRAINED_SETTINGS = frozenset(inspect.signature(Constrained).parameters) - {
+    "target_density",
+    "target_flops",
+    "target_architecture",
+}
 
 
 # ------------------------------------------------------------------------------------------- networks
@@ -200,7 +207,7 @@ def run_one(args, data, name, seed, objective, target=None, target_kind=None, la
         "data": args.data,
         "model": args.model,
         "objective": objective,
-        "target_kind": target_kind,  # "density" (train's target_density), "flops" (target_flops) or None
+        "target_kind": target_kind,  # "density" (Constrained's target_density), "flops" (target_flops) or None
         "target": target,
         "per_layer": args.per_layer if target_kind == "density" else False,
         "lam": lam,
@@ -226,11 +233,7 @@ def run_one(args, data, name, seed, objective, target=None, target_kind=None, la
     }
     net = build(settings)
     model = SparseClassifier(net, lam=lam)
-    kwargs = dict(variant or {})
-    if target_kind == "density":
-        kwargs.update(target_density=target, per_layer=args.per_layer)
-    elif target_kind == "flops":
-        kwargs.update(target_flops=target)
+    objective, options = objective_of(objective, target, target_kind, args.per_layer, variant)
     start = time.perf_counter()
     result = train(
         model,
@@ -242,12 +245,12 @@ def run_one(args, data, name, seed, objective, target=None, target_kind=None, la
         lr=args.lr,
         seed=seed,
         test_data=(data.x_test, data.y_test),
-        input_shape=data.input_shape,
+        callbacks=[ExpectedFlops(data.input_shape)],
         record_every=args.record_every,
         progress=False,
         device=args.device,
         threads=None,  # the count of --threads
-        **kwargs,
+        **options,
     )
     wall = time.perf_counter() - start
     final = measure(net.cpu(), settings, data.x_test, data.y_test)
@@ -266,6 +269,21 @@ def run_one(args, data, name, seed, objective, target=None, target_kind=None, la
         f"{', emptied ' + ' '.join(final['emptied']) if final['emptied'] else ''}, {wall:.0f} s",
         flush=True,
     )
+
+
+def objective_of(objective, target=None, target_kind=None, per_layer=False, variant=None):
+    """``(objective, options)``: what ``train`` takes as ``objective`` for a run (``"penalized"``, or
+    ``Constrained`` with the run's target and the settings of ``variant`` it has), and the rest of ``variant``,
+    ``train()``'s own options."""
+    options = dict(variant or {})
+    if objective != "constrained":
+        return objective, options
+    own = {k: options.pop(k) for k in list(options) if k in CONSTRAINED_SETTINGS}
+    if target_kind == "flops":
+        own.update(target_flops=target)
+    else:
+        own.update(target_density=target, per_layer=per_layer)
+    return Constrained(**own), options
 
 
 def parse_variant(text):
@@ -535,7 +553,12 @@ def main(argv=None):
         default=None,
         help="--model resnet: regex of the layers sparsify() gates (default: every Conv2d and Linear)",
     )
-    parser.add_argument("--variant", type=parse_variant, default=None, help="train() options, e.g. final_phase=0")
+    parser.add_argument(
+        "--variant",
+        type=parse_variant,
+        default=None,
+        help="settings of Constrained (or options of train()), e.g. final_phase=0 or rank=norm,target_warmup=50",
+    )
     parser.add_argument("--tag", default="")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="auto", help="train() device: auto, cpu or cuda (measured on the CPU)")
@@ -548,9 +571,9 @@ def main(argv=None):
             figure(args.out, os.path.join(args.out, "figure.png"), args.figure)
         summarize(args.out)
         return
-    if args.target_flops and "target_flops" not in inspect.signature(train).parameters:
+    if args.target_flops and "target_flops" not in inspect.signature(Constrained).parameters:
         parser.error(
-            "--target-flops: l0bayes.inference.train() here has no target_flops argument (the FLOP-constrained "
+            "--target-flops: l0bayes.inference.Constrained here has no target_flops argument (the FLOP-constrained "
             "objective); run with a version of l0bayes that has it"
         )
     for t in [*args.targets, *args.target_flops]:

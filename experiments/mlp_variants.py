@@ -13,9 +13,9 @@ The L0 MLP 784-300-100, lambda = 0.1/N, penalised objective, Adam 1e-3, batch 10
 * ``--scaling global``: inputs standardised with one mean and one standard deviation over all training pixels
   (a common MNIST preprocessing; the paper's code, like ours, feeds pixels / 255) instead of pixels / 255;
 * ``--clamp``: every gate's ``log_alpha`` projected onto ``[log 0.01, log 100]`` after each step, as the paper's
-  code does (``train(log_alpha_range=...)``);
+  code does (``train(callbacks=[LogAlphaProjection(...)])``);
 * ``--ema BETA``: evaluate (and return) the bias-corrected moving average of the parameters with decay ``BETA``;
-  the paper's code evaluates its MLP with 0.999 (``train(ema_decay=...)``);
+  the paper's code evaluates its MLP with 0.999 (``train(callbacks=[ParameterAveraging(...)])``);
 * ``--objective bayes``: SVI on the free energy of Eq. 21 (gate prior q(z != 0) = 0.5) instead of Eq. 22.
 
 Example::
@@ -32,7 +32,7 @@ import time
 import torch
 
 from l0bayes.data import find_fashion_mnist, load_mnist_format
-from l0bayes.inference import train
+from l0bayes.inference import ExpectedFlops, LogAlphaProjection, ParameterAveraging, train
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import L0MLP, L0Linear
 
@@ -67,13 +67,17 @@ def main(argv=None):
             if isinstance(layer, L0Linear):
                 torch.nn.init.kaiming_normal_(layer.weight, mode="fan_in" if args.init == "authors" else "fan_out")
                 torch.nn.init.zeros_(layer.bias)
+    callbacks = [ExpectedFlops((784,))]
+    if args.clamp:
+        callbacks.append(LogAlphaProjection(math.log(0.01), math.log(100.0)))
+    if args.ema is not None:
+        callbacks.append(ParameterAveraging(args.ema))
     os.makedirs(args.out, exist_ok=True)
     start = time.time()
     result = train(
         SparseClassifier(net, lam=0.1), x, y, objective=args.objective, epochs=args.epochs, batch_size=100, lr=1e-3,
         device="cpu", seed=0, test_data=(x_test, y_test), progress=False,
-        checkpoint=os.path.join(args.out, "checkpoint.pt"), input_shape=(784,),
-        log_alpha_range=(math.log(0.01), math.log(100.0)) if args.clamp else None, ema_decay=args.ema,
+        checkpoint=os.path.join(args.out, "checkpoint.pt"), callbacks=callbacks,
         threads=None,  # the count of --threads
     )  # fmt: skip
     history = [(r["epoch"], r["test_error"], r["active_gates"], r["expected_flops"]) for r in result.history]

@@ -5,7 +5,7 @@ Runs, each in ``OUT/<run>/``:
 * ``dense``: the dense :class:`~l0bayes.nn.WideResNet` (same optimiser, steps and data);
 * ``penalized``: the L0 WRN (:func:`~l0bayes.pruning.l0_wide_resnet`, gates on the first convolution of
   every block, initial drop rate 0.3) trained with ``train(objective="penalized")`` and ``--lam``;
-* ``constrained``: the same with ``train(objective="constrained", target_density=--target)``.
+* ``constrained``: the same with ``train(objective=Constrained(target_density=--target))``.
 
 Each L0 run records the expected FLOPs after every epoch (Fig. 4), prunes the trained model
 (:func:`~l0bayes.pruning.prune`), checks the pruned model against the gated one and saves it with
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from l0bayes.data import load_dataset
-from l0bayes.inference import parameter_groups, train
+from l0bayes.inference import Constrained, ExpectedFlops, parameter_groups, train
 from l0bayes.models import SparseClassifier
 from l0bayes.nn import WideResNet, architecture
 from l0bayes.pruning import expected_density, flops, l0_wide_resnet, prune, test_time_density
@@ -153,13 +153,12 @@ def train_l0(args, run, x, y, x_test, y_test, out):
     torch.manual_seed(args.seed)
     net = l0_wide_resnet(args.depth, args.width, num_classes=10, in_channels=1, init_drop_rate=args.init_drop_rate)
     model = SparseClassifier(net, lam=args.lam if run == "penalized" else 0.0)
-    extra = {"target_density": args.target} if run == "constrained" else {}
     make_optimizer, make_schedule = optimization(args)
     result = train(
         model,
         x,
         y,
-        objective=run,
+        objective=Constrained(target_density=args.target) if run == "constrained" else run,
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
@@ -168,11 +167,10 @@ def train_l0(args, run, x, y, x_test, y_test, out):
         device="cpu",
         seed=args.seed,
         test_data=(x_test, y_test),
-        input_shape=(1, 32, 32),
+        callbacks=[ExpectedFlops((1, 32, 32))],  # Fig. 4: the expected FLOPs in every record
         progress=False,
         checkpoint=str(out / "checkpoint.pt"),  # holds the history so far after every epoch
         threads=None,  # the count of --threads
-        **extra,
     )
     for record in result.history:
         print(

@@ -13,7 +13,8 @@ For each model (MLP 784-300-100, LeNet-5-Caffe) and objective (penalised Eq. 22,
 ``train()`` runs ``--epochs`` epochs with ``record_every=--epochs`` (the full record only at the last);
 reported is the median wall time of epochs 2 to ``epochs - 1`` (the first pays the capture). The whole-step
 graphs run the same number of full epochs after a warm-up. With ``--protocol`` the ``train()`` runs add
-the paper's ``log_alpha`` projection and parameter average (what the paper's 200-epoch runs use)::
+the paper's ``log_alpha`` projection and parameter average (``callbacks=[LogAlphaProjection(log 0.01, log 100),
+ParameterAveraging(0.999)]``, what the paper's 200-epoch runs use)::
 
     python benchmarks/gpu/train_graph.py --epochs 4 --models mlp lenet5 --objectives penalized bayes
 """
@@ -32,17 +33,17 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import bench_training as bt  # noqa: E402
 from tables import format_table  # noqa: E402
 
-from l0bayes.inference import train  # noqa: E402
+from l0bayes.inference import LogAlphaProjection, ParameterAveraging, train  # noqa: E402
 
 
 def train_epochs(method, x, y, epochs, device, protocol, **flags):
     """Median s/epoch of epochs 2..epochs-1 of ``train`` (and whether the graphs were captured)."""
     model = bt.make_model(method, device)
-    extra = {"log_alpha_range": (math.log(0.01), math.log(100.0)), "ema_decay": 0.999} if protocol else {}
+    callbacks = [LogAlphaProjection(math.log(0.01), math.log(100.0)), ParameterAveraging(0.999)] if protocol else []
     try:
         result = train(
             model, x, y, objective=method, epochs=epochs, batch_size=bt.BATCH_SIZE, lr=bt.LR, device=device,
-            seed=bt.SEED, progress=False, threads=None, record_every=epochs, **extra, **flags,
+            seed=bt.SEED, progress=False, threads=None, record_every=epochs, callbacks=callbacks, **flags,
         )  # fmt: skip
     except RuntimeError as err:  # a capture that failed: reported in the table
         return float("nan"), str(err).splitlines()[0][:200]
