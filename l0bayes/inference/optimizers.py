@@ -15,6 +15,13 @@ epochs 60, 120 and 160)::
     optimizer = lambda m: torch.optim.SGD(parameter_groups(m, weights={"weight_decay": 5e-4}),
                                           lr=0.1, momentum=0.9, nesterov=True)
     scheduler = lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[60, 120, 160], gamma=0.2)
+
+or Sheared-LLaMA's for pruning a language model to a target architecture (Xia et al., 2024): the gates at
+:math:`10^4` times the weights' step size, with the multipliers of the constrained objective ascended by Adam at
+the gates' (``Constrained(multiplier_optimizer=...)``)::
+
+    optimizer = lambda m: torch.optim.AdamW(parameter_groups(m, gates={"lr": 1.0, "weight_decay": 0.0}),
+                                            lr=1e-4, betas=(0.9, 0.95))
 """
 
 import math
@@ -45,6 +52,11 @@ def parameter_groups(model, gates=None, weights=None):
     :param dict weights: settings of the group of every other parameter.
     :returns: ``[{"params": [...], **weights}, {"params": [...], **gates}]``, without a group that would be
         empty (a model without gates gives one group).
+
+    E.g. the gates in a group of their own step size and betas, the rest at the optimiser's::
+
+        torch.optim.AdamW(parameter_groups(model, gates={"lr": 1.0, "betas": (0.9, 0.95), "weight_decay": 0.0}),
+                          lr=1e-4)
     """
     gate_ids = {id(g.log_alpha) for _, g in gates_of(model)}
     params = [p for p in model.parameters()]
@@ -146,7 +158,7 @@ def gate_lr(optimizer, model):
     """The step size of the group holding the gates' ``log_alpha`` (the first group's if the model has no gates).
 
     ``train()`` sets the constrained objective's multiplier step to three times this value unless
-    ``multiplier_lr`` is given.
+    ``multiplier_lr`` or ``multiplier_optimizer`` is given.
     """
     gate_ids = {id(g.log_alpha) for _, g in gates_of(model)}
     for group in optimizer.param_groups:

@@ -24,6 +24,7 @@ from .final_phase import (
     fit_groups,
     group_scores,
 )
+from .multipliers import MultiplierOptimizer, refuse_other_ascent
 
 __all__ = ["DUAL_RESTARTS", "MULTIPLIER_LR", "MULTIPLIER_LR_PER_LR", "ConstrainedObjective", "measure_name"]
 
@@ -47,7 +48,24 @@ class ConstrainedObjective(Objective):
     under :math:`q` (every unit alive with the product of its gates' :math:`q(z \ne 0)`, Eq. 12) of the whole
     network or of layer :math:`k`, and projected gradient ascent :math:`\mu_k \leftarrow \max(0, \mu_k +
     \eta\,(d_k - \epsilon_k))` after every step (``multiplier_lr`` is :math:`\eta`); with ``dual_restarts`` a
-    multiplier returns to zero whenever its constraint holds.
+    multiplier returns to zero whenever its constraint holds. With ``multiplier_optimizer`` a ``torch.optim``
+    optimiser takes that step instead: it ascends (``maximize=True``) the multipliers, one tensor of shape
+    ``(1,)`` or ``(L,)``, with gradient :math:`d_k - \epsilon_k`; they are then projected onto :math:`\mu_k \ge 0`
+    and restarted as above (:mod:`~l0bayes.inference.objectives.multipliers`). Its state is part of
+    :meth:`state_dict`, so a resume continues it exactly.
+
+    **Large models** (Sheared-LLaMA's recipe): the gates' ``log_alpha`` in their own group of the optimiser at a
+    step size about :math:`10^4` times the weights' (Adam moves a ``log_alpha`` by about its step size per step:
+    at the weights' rate the multipliers must grow to hundreds before a gate moves), and the multipliers ascended by
+    Adam at that same step size::
+
+        train(model, ids, ids, objective=Constrained(target_architecture=target, multiplier_optimizer=lambda p:
+                  torch.optim.Adam(p, lr=1.0, betas=(0.9, 0.95), maximize=True)),
+              optimizer=lambda m: torch.optim.AdamW(parameter_groups(m, gates={"lr": 1.0, "weight_decay": 0.0}),
+                  lr=1e-4, betas=(0.9, 0.95)))
+
+    (:func:`~l0bayes.inference.parameter_groups`; without ``multiplier_optimizer`` the multiplier step is three
+    times the gates' group's, here 3.0.)
 
     **Phase 2, the final phase**: the gates are fixed for the last ``final_phase`` of the epochs (from
     :meth:`final_phase_start`). If the Lagrangian has not arrived by then (an expected fraction more than
@@ -66,7 +84,8 @@ class ConstrainedObjective(Objective):
         ``per_layer``, ``rank``, ``arrival``, ``dual_restarts``, ``final_phase``, ``target_warmup``) this run
         follows; they are defined, checked and documented there. Build one with its
         :meth:`~l0bayes.inference.objectives.Constrained.build`.
-    :param multiplier_lr: :math:`\eta`, the ascent step of the multipliers per training step.
+    :param multiplier_lr: :math:`\eta`, the ascent step of the multipliers per training step (``None`` when the
+        settings' ``multiplier_optimizer`` steps them; then not used).
     :param input_shape: one example's shape (no batch dimension), for FLOPs.
 
     With ``arrival="each"`` each constraint's gates are fixed on their own, to exactly its ``k`` top-ranked
@@ -121,14 +140,16 @@ class ConstrainedObjective(Objective):
         self.updates = 0  # the steps taken, for the warm-up of the targets
         self.targets = self.final_targets.clone()  # the targets of the next step (in place: a captured step reads it)
         self._warm_targets()
-        self.multiplier_lr = float(multiplier_lr)
+        self.multiplier_lr = None if settings.multiplier_optimizer is not None else float(multiplier_lr)
         self.dual_restarts = settings.dual_restarts
         self.final_phase = settings.final_phase
         self.rank = settings.rank
         self.each = each
         self.arrival = None if arrival is None or self.each else float(arrival)
         self.fixed_each = {}  # with arrival="each": constraint index -> the kept-gate masks of its holders
-        self.mu = torch.zeros(count, device=device)
+        self.mu = torch.zeros(count, device=device)  # (1,) for one constraint, never 0-d: FSDP2 refuses scalars
+        factory = settings.multiplier_optimizer
+        self.ascent = None if factory is None else MultiplierOptimizer(factory, self.mu)
         self.fixed = None  # the kept-gate masks during the final phase
         self.fixed_at = None  # the epoch (0-based) at which they were fixed
         self.forced = False  # whether they were fixed at the last epoch without the Lagrangian having arrived
@@ -167,7 +188,11 @@ class ConstrainedObjective(Objective):
             self.architecture.hold_open()
         # In place: a step captured as a CUDA graph (l0bayes.inference.graphed) reads this very tensor.
         violation = violation.to(self.mu.dtype)
-        self.mu.add_(violation, alpha=self.multiplier_lr).clamp_(min=0.0)
+        if self.ascent is None:
+            self.mu.add_(violation, alpha=self.multiplier_lr).clamp_(min=0.0)
+        else:  # the optimiser's step on this very tensor, then the same projection
+            self.ascent.step(violation)
+            self.mu.clamp_(min=0.0)
         if self.dual_restarts:
             self.mu.masked_fill_(violation <= 0, 0.0)
         if self.each:  # arrived at the final target (the warm-up's current one may lie above it)
@@ -360,6 +385,7 @@ class ConstrainedObjective(Objective):
             "per_layer": self.per_layer,
             "density_at_fix": self.density_at_fix,
             "architecture": None if self.architecture is None else self.architecture.target.as_dict(),
+            "multiplier_optimizer": None if self.ascent is None else self.ascent.state_dict(),
         }
 
     def load_state_dict(self, state):
@@ -385,7 +411,11 @@ class ConstrainedObjective(Objective):
                 f"the checkpoint was trained with target_warmup={int(state.get('target_warmup', 0))}, this run asks "
                 f"target_warmup={self.target_warmup}"
             )
+        saved = state.get("multiplier_optimizer")  # (absent from checkpoints of earlier versions: projected ascent)
+        refuse_other_ascent(saved, self.ascent)
         self.set_multipliers(state["mu"])
+        if saved is not None:
+            self.ascent.load_state_dict(saved)
         self.updates = int(state.get("updates", 0))
         self._warm_targets()
         self.fixed = None if state["fixed"] is None else [m.to(self.mu.device) for m in state["fixed"]]

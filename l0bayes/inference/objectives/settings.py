@@ -18,6 +18,7 @@ from ..._checks import FLAG, NON_NEGATIVE, NON_NEGATIVE_COUNT, Choice, Rule, che
 from .bayes import BayesObjective
 from .constrained import DUAL_RESTARTS, MULTIPLIER_LR, MULTIPLIER_LR_PER_LR, ConstrainedObjective
 from .final_phase import EACH, FINAL_PHASE, RANK, RANKS, WAIT
+from .multipliers import check_factory
 from .penalized import PenalizedObjective
 
 __all__ = ["OBJECTIVES", "Bayes", "Constrained", "ObjectiveSettings", "Penalized", "as_objective"]
@@ -117,7 +118,17 @@ class Constrained(ObjectiveSettings):
     :param multiplier_lr: :math:`\eta`, the projected gradient ascent step of the multipliers per training step;
         ``None``: three times the initial step size of the optimiser's group holding the gates (Adam moves a
         ``log_alpha`` by about its step size per step, and the multipliers move on the same time scale), fixed
-        while a schedule changes the optimiser's.
+        while a schedule changes the optimiser's. Not with ``multiplier_optimizer``, whose optimiser sets the step.
+    :param multiplier_optimizer: ``None``: the projected gradient ascent of ``multiplier_lr``; or a factory
+        ``params -> torch.optim.Optimizer`` that ascends the multipliers instead (``maximize=True``: their gradient
+        is the violation :math:`d - \epsilon`), e.g. ``lambda p: torch.optim.Adam(p, lr=1.0, betas=(0.9, 0.95),
+        maximize=True)``. ``params`` is a list holding one tensor, the multipliers, of shape ``(1,)`` for one
+        constraint (never 0-d: FSDP2 refuses scalar parameters) or one entry per constraint; after each step of the
+        optimiser they are projected onto :math:`\mu \ge 0`, and ``dual_restarts`` applies. Its step size stays
+        fixed while a schedule changes the model's optimiser's; its state is saved in checkpoints, and a resume
+        must give the same optimiser. With the gates in their own optimiser group at a large step size
+        (:func:`~l0bayes.inference.parameter_groups`), the recipe of Sheared-LLaMA for large models
+        (:class:`~l0bayes.inference.objectives.ConstrainedObjective` shows it in full).
     :param bool dual_restarts: reset a multiplier to zero whenever its constraint holds.
     :param final_phase: the fraction of the epochs in ``[0, 1)`` (rounded up, at least one epoch when positive) with
         fixed gates that meet the target in the pruned model while the weights go on training; ``0`` trains on
@@ -127,8 +138,10 @@ class Constrained(ObjectiveSettings):
         ``0``: the target from the first step.
     :param input_shape: one example's shape without the batch dimension, for ``target_flops`` where the training
         data do not say it (an iterable of batches) and the model is not one of :func:`~l0bayes.pruning.sparsify`.
-    :raises TypeError: for a setting of the wrong kind; :class:`ValueError` for one outside its range, for no
-        target or more than one, and for settings that do not go together, naming them.
+    :raises TypeError: for a setting of the wrong kind (a ``multiplier_optimizer`` that is a class, not a factory);
+        :class:`ValueError` for one outside its range, for no target or more than one, and for settings that do
+        not go together, naming them. What ``multiplier_optimizer`` returns is checked when the objective is
+        built (a :class:`torch.optim.Optimizer` over the multipliers, with ``maximize=True``).
     """
 
     name = "constrained"
@@ -143,6 +156,7 @@ class Constrained(ObjectiveSettings):
         rank=RANK,
         arrival=WAIT,
         multiplier_lr=None,
+        multiplier_optimizer=None,
         dual_restarts=DUAL_RESTARTS,
         final_phase=FINAL_PHASE,
         target_warmup=0,
@@ -185,6 +199,12 @@ class Constrained(ObjectiveSettings):
                 f"{target_density if target_flops is None else target_flops!r}"
             )
         _check_arrival(arrival, target_architecture)
+        check_factory(multiplier_optimizer)
+        if multiplier_optimizer is not None and multiplier_lr is not None:
+            raise ValueError(
+                f"Constrained: multiplier_lr={multiplier_lr!r} is the step of the projected ascent that "
+                "multiplier_optimizer replaces (its optimiser's lr sets the step): give one of them"
+            )
         if input_shape is not None:
             input_shape = _shape(input_shape)
         self.target_density, self.target_flops = target_density, target_flops
@@ -192,6 +212,7 @@ class Constrained(ObjectiveSettings):
         self.per_layer, self.rank, self.dual_restarts = per_layer, rank, dual_restarts
         self.arrival = arrival if arrival is None or arrival == EACH else float(arrival)
         self.multiplier_lr = None if multiplier_lr is None else float(multiplier_lr)
+        self.multiplier_optimizer = multiplier_optimizer
         self.final_phase, self.target_warmup = float(final_phase), whole(target_warmup)
         self.input_shape = input_shape
 
@@ -200,15 +221,17 @@ class Constrained(ObjectiveSettings):
             k: getattr(self, k)
             for k in (
                 "target_density", "target_flops", "target_architecture", "per_layer", "rank", "arrival",
-                "multiplier_lr", "dual_restarts", "final_phase", "target_warmup", "input_shape",
+                "multiplier_lr", "multiplier_optimizer", "dual_restarts", "final_phase", "target_warmup", "input_shape",
             )
         }  # fmt: skip
 
     def build(self, model, num_data, gate_lr=None, input_shape=None):
         """:class:`~l0bayes.inference.objectives.ConstrainedObjective` for ``model``; ``multiplier_lr=None`` becomes
-        ``3 * gate_lr`` (:data:`~l0bayes.inference.objectives.MULTIPLIER_LR` without one), and ``input_shape``
-        the one given here, else the data's."""
-        if self.multiplier_lr is not None:
+        ``3 * gate_lr`` (:data:`~l0bayes.inference.objectives.MULTIPLIER_LR` without one; not used with
+        ``multiplier_optimizer``), and ``input_shape`` the one given here, else the data's."""
+        if self.multiplier_optimizer is not None:
+            step = None  # the optimiser's
+        elif self.multiplier_lr is not None:
             step = self.multiplier_lr
         else:
             step = MULTIPLIER_LR if gate_lr is None else MULTIPLIER_LR_PER_LR * float(gate_lr)
