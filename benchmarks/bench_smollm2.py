@@ -21,6 +21,17 @@ standard library (text that ships with Python). Every method has one budget, mas
 * ``tp-magnitude``, ``tp-taylor``: torch-pruning's structured pruning of the MLP width (its dependency graph
   couples ``gate_proj``, ``up_proj`` and ``down_proj``; group L2 magnitude, or first-order Taylor importance from
   the gradients of a few training batches) to the MLP width that halves the blocks, then fine-tuning.
+* ``prior-taylor``, ``prior-activation``: the gates of ours (key-value groups and MLP units) set from importance
+  scores of the run's calibration batches (:func:`~l0bayes.pruning.importance_scores`: first-order Taylor or
+  Wanda-style activation scores) by :func:`~l0bayes.pruning.init_from_importance` for the target architecture of
+  the peers (every key-value group, the MLP width that halves the blocks), cut there at step 0
+  (:func:`~l0bayes.pruning.fix_architecture`, :func:`~l0bayes.pruning.prune`), then fine-tuned for every step as
+  the peers are.
+* ``prior-masks``: the gates of ``prior-taylor`` at step 0, then masks learned from there with the peers' loss (the
+  gates in their own AdamW group, betas 0.9 and 0.95; ``Constrained(target_architecture=...)``) and cut as ours'
+  are (``--cut``: after ``--mask-fraction`` of the steps; or at most that many, ending when the Lagrangian arrives,
+  or with ``--cut each`` once every block's size is fixed, which, from gates whose expected size already is the
+  target, is after the first step), pruned, and the rest of the steps fine-tuned as the peers are.
 * ``layer-drop``: half of the blocks dropped, those of least block influence (ShortGPT's ``1 - cos(input,
   output)`` of each block's hidden states, on a few training batches), then fine-tuning.
 
@@ -70,7 +81,16 @@ from tables import format_table  # noqa: E402
 from l0bayes.inference import Constrained, parameter_groups, train  # noqa: E402
 from l0bayes.inference.callbacks import Callback  # noqa: E402
 from l0bayes.models import Distillation, PlainModel, SparseModel  # noqa: E402
-from l0bayes.pruning import count_parameters, fix_architecture, network_size, prune, sparsify_transformer  # noqa: E402
+from l0bayes.nn import gates_of  # noqa: E402
+from l0bayes.pruning import (  # noqa: E402
+    count_parameters,
+    fix_architecture,
+    importance_scores,
+    init_from_importance,
+    network_size,
+    prune,
+    sparsify_transformer,
+)
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIR = Path("~/.cache/l0bayes/smollm2")
@@ -88,7 +108,16 @@ VALIDATION_FILES = (
     "uuid.py",
     "weakref.py",
 )
-METHODS = ("dense", "ours", "tp-magnitude", "tp-taylor", "layer-drop")
+METHODS = (
+    "dense",
+    "ours",
+    "tp-magnitude",
+    "tp-taylor",
+    "layer-drop",
+    "prior-taylor",
+    "prior-activation",
+    "prior-masks",
+)
 
 
 class Clock:
@@ -114,13 +143,14 @@ def parse_args(argv=None):
     p.add_argument("--eval-sequences", type=int, default=64, help="held-out windows of --seq-len tokens")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW step of the weights")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay of the weights")
-    p.add_argument("--gate-lr", type=float, default=0.1, help="AdamW step of the gates' log_alpha (ours)")
+    p.add_argument("--gate-lr", type=float, default=0.1, help="AdamW step of the gates' log_alpha (ours, prior-masks)")
     p.add_argument(
         "--multiplier-lr",
         type=float,
         default=2.0,
-        help="the Lagrangian's step (ours): a block's MLP unit is 1/1536 of its constraint, and the multiplier must "
-        "reach about 10 before that term outweighs the noise of the data term's gradient on a unit's log_alpha",
+        help="the Lagrangian's step (ours, prior-masks): a block's MLP unit is 1/1536 of its constraint, and the "
+        "multiplier must reach about 10 before that term outweighs the noise of the data term's gradient on a "
+        "unit's log_alpha",
     )
     p.add_argument(
         "--target",
@@ -139,18 +169,19 @@ def parse_args(argv=None):
         "--mask-fraction",
         type=float,
         default=0.35,
-        help="share of the steps that learn the masks (ours; with --cut arrival or each, the most they may take)",
+        help="share of the steps that learn the masks (ours, prior-masks; with --cut arrival or each, the most they "
+        "may take)",
     )
     p.add_argument(
         "--cut",
         choices=("share", "arrival", "each"),
         default="share",
-        help="ours: prune after --mask-fraction of the steps (share), or as soon as every expected fraction the "
-        "constraints bound is within --arrival of its target (arrival: the blocks that arrived first may be past "
-        "their targets by then), or fix each block's gates the step its constraint arrives and prune once all "
-        "are fixed (each)",
+        help="ours and prior-masks: prune after --mask-fraction of the steps (share), or as soon as every "
+        "expected fraction the constraints bound is within --arrival of its target (arrival: the blocks that arrived "
+        "first may be past their targets by then), or fix each block's gates the step its constraint arrives and "
+        "prune once all are fixed (each)",
     )
-    p.add_argument("--arrival", type=float, default=0.02, help="the margin of --cut arrival (ours)")
+    p.add_argument("--arrival", type=float, default=0.02, help="the margin of --cut arrival (ours, prior-masks)")
     p.add_argument(
         "--target-warmup",
         type=int,
@@ -335,7 +366,8 @@ def step_batches(stream, args, seed):
 
 
 def calibration_windows(stream, args, seed):
-    """``--calibration-batches`` batches of random training windows (Taylor importance, block influence)."""
+    """``--calibration-batches`` batches of random training windows (Taylor importance, block influence): each
+    seed draws its own, the same for every method of that seed."""
     generator = torch.Generator().manual_seed(10_000 + seed)
     starts = torch.randint(
         0, len(stream) - args.seq_len + 1, (args.calibration_batches, args.batch_size), generator=generator
@@ -491,6 +523,11 @@ def method_dense(base, data, args, seed):
     return model, {"ppl_pruned": before, **seconds, "steps": args.steps}
 
 
+def cut_callbacks(args):
+    """The callbacks that end the mask learning early for ``--cut arrival`` and ``--cut each``."""
+    return {"arrival": [StopAtArrival()], "each": [StopWhenFixed()]}.get(args.cut, [])
+
+
 def method_ours(base, data, args, seed):
     """Masks learned with the constrained objective and distillation, one architecture fixed, pruned, trained on."""
     mask_steps = max(1, round(args.mask_fraction * args.steps))
@@ -513,11 +550,7 @@ def method_ours(base, data, args, seed):
     else:
         size = {"target_density": target}
     loss = distillation(teacher, args)
-    callbacks = [PrintProgress(args.print_every)]
-    if args.cut == "arrival":
-        callbacks.append(StopAtArrival())
-    elif args.cut == "each":
-        callbacks.append(StopWhenFixed())
+    callbacks = [PrintProgress(args.print_every), *cut_callbacks(args)]
     clock = Clock()
     with attached(loss, gated):
         result = train(
@@ -633,16 +666,17 @@ def method_tp(importance_name):
         model = copy.deepcopy(base)
         width = half_width(base, base.config.num_key_value_heads)
         clock = Clock()
+        calibration = calibration_windows(data["train"], args, seed)
         if importance_name == "taylor":
             importance = tp.importance.GroupTaylorImportance()
             model.zero_grad()
             model.train()
-            for ids in data["calibration"]:
+            for ids in calibration:
                 causal_lm_loss(model(ids), ids).backward()
             model.eval()
         else:
             importance = tp.importance.GroupMagnitudeImportance(p=2)
-        graph = tp.DependencyGraph().build_dependency(model, example_inputs=data["calibration"][0][:1], verbose=False)
+        graph = tp.DependencyGraph().build_dependency(model, example_inputs=calibration[0][:1], verbose=False)
         graph_s, graph_cpu_s = clock.seconds()
         for layer in model.model.layers:
             gate = layer.mlp.gate_proj
@@ -666,6 +700,120 @@ def method_tp(importance_name):
         return model, info
 
     return method
+
+
+def prior_gates(base, data, args, seed, kind, clock):
+    """The gated student of ours with its gates set from ``kind`` importance scores of the seed's calibration batches
+    for the peers' architecture (every key-value group, the MLP width that halves the blocks): ``(gated, goal, the
+    test-time gates at step 0 by gate name, info)``."""
+    groups = base.config.num_key_value_heads  # every key-value group, as the peers keep
+    goal = {"num_key_value_heads": groups, "intermediate_size": half_width(base, groups)}
+    calibration = calibration_windows(data["train"], args, seed)
+    gated = sparsify_transformer(copy.deepcopy(base), example_inputs=calibration[0][:1], layers=False, inplace=True)
+    gated.eval()
+    sparsify_s, sparsify_cpu_s = clock.seconds()
+    scores = importance_scores(gated, [(ids, ids) for ids in calibration], causal_lm_loss, kind=kind)
+    score_s, score_cpu_s = clock.seconds()
+    kept = init_from_importance(gated, scores, Constrained(target_architecture=goal))
+    with torch.no_grad():
+        expected = float(network_size(gated).fraction("parameters", "expected"))
+    groups_q, units_q = expected_widths(gated)
+    info = {
+        "importance": kind,
+        "architecture": goal,
+        "sparsify_s": sparsify_s,
+        "sparsify_cpu_s": sparsify_cpu_s,
+        "score_s": score_s - sparsify_s,
+        "score_cpu_s": score_cpu_s - sparsify_cpu_s,
+        "expected_density_at_init": expected,
+        "expected_kv_groups_at_init": groups_q,
+        "expected_units_at_init": units_q,
+    }
+    return gated, goal, kept, info
+
+
+def kept_now(gated):
+    """The test-time gates (Eq. 13) of every gate, by name."""
+    return {name: gate.active().cpu() for name, gate in gates_of(gated)}
+
+
+def method_prior(kind):
+    """Gates set from importance scores at the peers' target architecture, cut at step 0, pruned, fine-tuned."""
+
+    def method(base, data, args, seed):
+        clock = Clock()
+        gated, goal, kept, info = prior_gates(base, data, args, seed, kind, clock)
+        fix_architecture(gated, **goal)
+        differ = [name for name, active in kept_now(gated).items() if not torch.equal(active, kept[name])]
+        if differ:
+            raise RuntimeError(f"fix_architecture kept other units than init_from_importance's cut in {differ[:4]}")
+        model = prune(gated)
+        del gated
+        gc.collect()
+        info["prune_s"], info["prune_cpu_s"] = clock.seconds()
+        info["cut_is_init"] = True
+        info["ppl_pruned"] = perplexity(model, data["eval"])
+        info.update(finetune_with(model, data["train"], args.steps, args, seed, peer_loss(base, args)))
+        info["steps"] = args.steps
+        return model, info
+
+    return method
+
+
+def method_prior_masks(base, data, args, seed):
+    """The gates of ``prior-taylor`` at step 0, masks learned from there until every block's size is fixed (at most
+    ``--mask-fraction`` of the steps), pruned, the rest of the steps fine-tuned."""
+    cap = max(1, round(args.mask_fraction * args.steps))
+    clock = Clock()
+    gated, goal, kept, info = prior_gates(base, data, args, seed, "taylor", clock)
+    loss = peer_loss(base, args)
+
+    def optimizer(model):
+        groups = parameter_groups(
+            model,
+            gates={"lr": args.gate_lr, "betas": (0.9, 0.95), "weight_decay": 0.0},
+            weights={"lr": args.lr, "weight_decay": args.weight_decay},
+        )
+        return torch.optim.AdamW(groups)
+
+    gated.train()
+    with attached(loss, gated):
+        result = train(
+            SparseModel(gated, loss, lam=0.0),
+            step_batches(data["train"], args, seed),
+            objective=Constrained(
+                target_architecture=goal,
+                final_phase=0.0,
+                arrival={"arrival": args.arrival, "each": "each"}.get(args.cut),
+                multiplier_lr=args.multiplier_lr,
+            ),
+            epochs=cap,
+            record_every=cap,
+            optimizer=optimizer,
+            progress=False,
+            device="cpu",
+            seed=seed,
+            threads=args.threads,
+            callbacks=[PrintProgress(args.print_every), *cut_callbacks(args)],
+        )
+    mask_steps = len(result.history)
+    info["mask_s"], info["mask_cpu_s"] = clock.seconds()
+    gated.eval()
+    info["expected_kv_groups"], info["expected_units"] = expected_widths(gated)
+    fix_architecture(gated, **goal)
+    now = kept_now(gated)
+    same = sum(int((now[name] & kept[name]).sum()) for name in kept)
+    info["kept_as_init"] = same / sum(int(kept[name].sum()) for name in kept)  # of the units and groups kept
+    info["mask_steps"] = mask_steps
+    info["mask_history_last"] = {k: v for k, v in result.history[-1].items() if isinstance(v, (int, float))}
+    model = prune(gated)
+    del gated
+    gc.collect()
+    info["prune_s"], info["prune_cpu_s"] = clock.seconds()
+    info["ppl_pruned"] = perplexity(model, data["eval"])
+    info.update(finetune_with(model, data["train"], args.steps - mask_steps, args, seed, peer_loss(base, args)))
+    info["steps"] = args.steps
+    return model, info
 
 
 @torch.no_grad()
@@ -718,7 +866,7 @@ def drop_layers(model, keep):
 
 def method_layer_drop(base, data, args, seed):
     model = copy.deepcopy(base)
-    influence = block_influence(model, data["calibration"])
+    influence = block_influence(model, calibration_windows(data["train"], args, seed))
     n = len(influence)
     keep = sorted(sorted(range(n), key=lambda i: influence[i], reverse=True)[: n - n // 2])
     drop_layers(model, keep)
@@ -735,6 +883,9 @@ METHOD_FUNCTIONS = {
     "tp-magnitude": method_tp("magnitude"),
     "tp-taylor": method_tp("taylor"),
     "layer-drop": method_layer_drop,
+    "prior-taylor": method_prior("taylor"),
+    "prior-activation": method_prior("activation"),
+    "prior-masks": method_prior_masks,
 }
 
 

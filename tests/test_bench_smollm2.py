@@ -160,3 +160,55 @@ def test_the_target_warmup(bench, tmp_path):
     assert warmed["expected_units"] == warmed["architecture"]["intermediate_size"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--out", "unused", "--target-warmup", "-1"])
+
+
+def test_the_importance_prior(bench, tmp_path):
+    """``prior-taylor`` and ``prior-activation``: gates set from importance scores at the peers' architecture (every
+    key-value group, the MLP width that halves the blocks), cut at step 0 (the cut equals the initialisation's, or
+    the run stops), pruned and fine-tuned for every step; the pruned model has the peers' size, and each seed scores
+    its own calibration batches, the peers' of that seed."""
+    pytest.importorskip("torch_pruning")
+    out = tmp_path / "prior"
+    record = bench.main(["--tiny", "--methods", "tp-taylor", "prior-taylor", "prior-activation", "--seeds", "0", "1",
+                         "--steps", "2", "--eval-sequences", "2", "--seq-len", "16", "--timing-steps", "0",
+                         "--timing-repeats", "1", "--calibration-batches", "2", "--threads", "1",
+                         "--out", str(out)])  # fmt: skip
+    runs = {(r["method"], r["seed"]): r for r in record["runs"]}
+    model = bench.tiny_model()[0]
+    width = bench.half_width(model, model.config.num_key_value_heads)
+    for seed in (0, 1):
+        peer = runs["tp-taylor", seed]
+        for kind in ("taylor", "activation"):
+            run = runs[f"prior-{kind}", seed]
+            assert run["importance"] == kind and run["steps"] == 2 and run["cut_is_init"]
+            assert run["architecture"] == {"num_key_value_heads": model.config.num_key_value_heads,
+                                           "intermediate_size": width}  # fmt: skip
+            assert run["parameters"] == peer["parameters"]
+            assert run["expected_units_at_init"] == pytest.approx(width, abs=0.01)
+            assert 0 <= run["score_cpu_s"] <= run["prune_cpu_s"] <= run["cpu_seconds"]
+            assert torch.isfinite(torch.tensor([run["ppl"], run["ppl_pruned"]])).all()
+    # the seeds' calibration batches differ (and so may the cut); the held-out windows are the same
+    args = bench.parse_args(["--out", "unused", "--seq-len", "16", "--calibration-batches", "2"])
+    stream = torch.arange(500)
+    assert not torch.equal(bench.calibration_windows(stream, args, 0)[0], bench.calibration_windows(stream, args, 1)[0])
+    assert "| prior-taylor | 2 |" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize("cut", ["share", "each"])
+def test_masks_from_the_importance_prior(bench, tmp_path, cut):
+    """``prior-masks``: the gates of ``prior-taylor``, masks learned from there and cut as ours' are: after
+    ``--mask-fraction`` of the steps (share), or once every block's size is fixed (each: from gates whose expected
+    size is the target, after the first step); the pruned model has the peers' architecture and the rest of the
+    steps fine-tune it."""
+    run = bench.main(["--tiny", "--methods", "prior-masks", "--steps", "10", "--eval-sequences", "2", "--seq-len",
+                      "16", "--timing-steps", "0", "--timing-repeats", "1", "--calibration-batches", "2", "--threads",
+                      "1", "--mask-fraction", "0.4", "--cut", cut, "--out", str(tmp_path / cut)])  # fmt: skip
+    run = run["runs"][0]
+    model = bench.tiny_model()[0]
+    width = bench.half_width(model, model.config.num_key_value_heads)
+    assert run["mask_steps"] == (4 if cut == "share" else 1) and run["steps"] == 10
+    assert run["architecture"]["intermediate_size"] == width and 0 < run["kept_as_init"] <= 1
+    assert run["expected_units_at_init"] == pytest.approx(width, abs=0.01)
+    if cut == "each":  # fixed at the first step: the gated model is the pruned one
+        assert run["expected_units"] == width
+    assert run["prune_cpu_s"] <= run["cpu_seconds"] and torch.isfinite(torch.tensor(run["ppl"]))
