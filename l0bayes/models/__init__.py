@@ -9,6 +9,8 @@ from .distillation import Distillation, DistillationOutput
 from .plain_model import PlainModel
 from .regression import SparseLinearRegression, SparseLogisticRegression
 from .sparse_model import SparseModel
+from .teacher_cache import TeacherCache
+from .top_k_kl import TopKLogits, top_k_kl_divergence, top_k_logits
 
 __all__ = [
     "AutoHardConcrete",
@@ -20,4 +22,8 @@ __all__ = [
     "SparseLinearRegression",
     "SparseLogisticRegression",
     "SparseModel",
+    "TeacherCache",
+    "TopKLogits",
+    "top_k_kl_divergence",
+    "top_k_logits",
 ]

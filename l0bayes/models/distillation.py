@@ -19,8 +19,8 @@ position whose label is not ``ignore_index``; for a causal language model, posit
 A loss only sees the output and the target, and the teacher needs the student's input: :meth:`Distillation.attach`
 hooks the student, so that every forward pass of the student also runs the teacher (in ``eval()`` mode, under
 ``torch.no_grad()``) on the same inputs and returns both, as a :class:`DistillationOutput`. Nothing is kept
-between calls, and the teacher is no part of the trained model (its parameters are neither in the optimiser nor in
-a checkpoint)::
+between calls but the teacher's outputs ``cache_bytes`` asks for, and the teacher is no part of the trained model
+(its parameters are neither in the optimiser nor in a checkpoint)::
 
     distillation = Distillation(teacher, temperature=2.0, alpha=0.5)
     with distillation.attach(gated):  # the student's forward now runs the teacher too
@@ -37,7 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import COUNT, NON_NEGATIVE_COUNT, check_args, whole
+from .teacher_cache import TeacherCache
 from .tempered_kl import tempered_kl_divergence
+from .top_k_kl import TopKLogits, top_k_logits, top_k_token_losses
 
 __all__ = ["Distillation", "DistillationHandle", "DistillationOutput"]
 
@@ -51,13 +54,13 @@ class DistillationOutput(NamedTuple):
     """What an attached student returns: its own output and the teacher's, for :class:`Distillation`'s loss.
 
     :ivar student: the student's own output (a tensor, a tuple, a Hugging Face ``ModelOutput``, ...).
-    :ivar teacher_logits: the teacher's logits on the same inputs, computed without gradients.
+    :ivar teacher_logits: the teacher's logits on the same inputs, without gradients (or their top k, ``TopKLogits``).
     :ivar student_hidden: ``{name: output}`` of the student's modules named in ``hidden_layers``.
     :ivar teacher_hidden: the same of the teacher (without gradients).
     """
 
     student: Any
-    teacher_logits: torch.Tensor
+    teacher_logits: Any
     student_hidden: dict
     teacher_hidden: dict
 
@@ -79,9 +82,11 @@ class Distillation:
         \end{aligned}
 
     with :math:`s, t` the student's and the teacher's logits, :math:`y` the labels and :math:`h^l` the outputs
-    (:math:`d` features) of the modules named in ``hidden_layers``. A loss of :class:`~l0bayes.models.SparseModel`
-    or :class:`~l0bayes.models.PlainModel`; the student runs inside ``with distillation.attach(student):``, which
-    makes its forward pass run the teacher on the same inputs too (:meth:`attach`)::
+    (:math:`d` features) of the modules named in ``hidden_layers``; with ``top_k``, the KL is :math:`\sum_{i \in K}
+    q_i \log(q_i/p_i) + q_\circ \log(q_\circ/p_\circ)` between both distributions grouped into the teacher's top k
+    tokens :math:`K` and one bucket :math:`\circ` for the rest (:mod:`~l0bayes.models.top_k_kl`). A loss of
+    :class:`~l0bayes.models.SparseModel` or :class:`~l0bayes.models.PlainModel`; the student runs inside ``with
+    distillation.attach(student):``, which makes its forward pass run the teacher on the same inputs too::
 
         distillation = Distillation(teacher, temperature=2.0, alpha=0.5)
         with distillation.attach(gated):
@@ -105,6 +110,13 @@ class Distillation:
         (``logits.shape[:-1] == target.shape``, e.g. a classifier). The hidden states are matched at every position
         whose own label counts (when their shape is the target's plus features; otherwise at every position).
     :param int ignore_index: the label of positions that do not count (Hugging Face's ``-100``).
+    :param top_k: keep the teacher's logits at each position as their ``top_k`` largest and the log-sum-exp of the
+        others (:func:`~l0bayes.models.top_k_kl.top_k_logits`; exact when ``top_k`` is the vocabulary); ``None``:
+        all. Needs a temperature below :data:`TEMPERED_FROM` (flat distributions put their mass outside any top k).
+    :param int cache_bytes: keep the teacher's outputs (logits or their top k, hidden states) of each batch within
+        this many bytes, so that a batch seen again does not run the teacher (``distillation.cache``, a
+        :class:`~l0bayes.models.teacher_cache.TeacherCache`, counts hits and misses); ``0``: none. Batches repeat in
+        a list of batches; ``train()`` with tensors draws new minibatches every epoch.
     """
 
     def __init__(
@@ -116,6 +128,8 @@ class Distillation:
         hidden_weight=1.0,
         causal=True,
         ignore_index=-100,
+        top_k=None,
+        cache_bytes=0,
     ):
         if not isinstance(teacher, nn.Module):
             raise TypeError(f"Distillation: teacher must be a torch.nn.Module, got {type(teacher).__name__}")
@@ -139,13 +153,19 @@ class Distillation:
         if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
             raise TypeError(f"Distillation: ignore_index must be an int, got {ignore_index!r}")
         self.ignore_index = int(ignore_index)
+        rules = {"top_k": COUNT.or_none(), "cache_bytes": NON_NEGATIVE_COUNT}
+        check_args("Distillation", rules, top_k=top_k, cache_bytes=cache_bytes)
+        self.top_k = None if top_k is None else whole(top_k)
+        if self.top_k is not None and self.temperature >= TEMPERED_FROM:
+            raise ValueError(f"Distillation: top_k needs a temperature < {TEMPERED_FROM}, got {self.temperature}")
+        self.cache = TeacherCache(whole(cache_bytes))
         self._attached = weakref.WeakKeyDictionary()  # student -> its handle
 
     def __repr__(self):
         hidden = f", hidden_layers={list(self.hidden_layers)}, hidden_weight={self.hidden_weight}"
         return (
             f"Distillation(teacher={type(self.teacher).__name__}, temperature={self.temperature}, alpha={self.alpha}"
-            f"{hidden if self.hidden_layers else ''}, causal={self.causal})"
+            f"{hidden if self.hidden_layers else ''}, causal={self.causal}, top_k={self.top_k}, cache={self.cache})"
         )
 
     # -- attaching the student -------------------------------------------------------------------------------------
@@ -182,7 +202,7 @@ class Distillation:
     @torch.no_grad()
     def teacher_outputs(self, args, kwargs):
         """``(logits, {name: hidden output})`` of the teacher on a student's inputs (moved to the teacher's device
-        and floating dtype), in ``eval()`` mode and without gradients."""
+        and floating dtype), in ``eval()`` mode and without gradients (the logits as ``TopKLogits`` with top_k)."""
         teacher = self.teacher
         if teacher.training:
             teacher.eval()
@@ -203,7 +223,8 @@ class Distillation:
         finally:
             for hook in hooks:
                 hook.remove()
-        return _logits(output, "the teacher's output"), hidden
+        logits = _logits(output, "the teacher's output")
+        return (logits if self.top_k is None else top_k_logits(logits, self.top_k, self.temperature)), hidden
 
     # -- the loss ------------------------------------------------------------------------------------------------
 
@@ -224,24 +245,27 @@ class Distillation:
                 f"Distillation: the student's logits have shape {tuple(student.shape)} and the teacher's "
                 f"{tuple(teacher.shape)}; they must match (the same vocabulary or classes)"
             )
+        top_k = isinstance(teacher, TopKLogits)
         dtype = torch.promote_types(student.dtype, torch.float32)
-        student, teacher = student.to(dtype), teacher.to(dtype)
+        student, teacher = student.to(dtype), (teacher if top_k else teacher.to(dtype))
         labels = self._labels(target, student)
         if self.causal and labels.shape[-1] > 0:  # position t predicts label t + 1; the last one predicts nothing
             ignored = labels.new_full((*labels.shape[:-1], 1), self.ignore_index)
             labels = torch.cat([labels[..., 1:], ignored], dim=-1)
         vocabulary = student.shape[-1]
-        student, teacher, labels = student.reshape(-1, vocabulary), teacher.reshape(-1, vocabulary), labels.reshape(-1)
+        student, labels = student.reshape(-1, vocabulary), labels.reshape(-1)
+        teacher = teacher.rows() if top_k else teacher.reshape(-1, vocabulary)
         counted = labels != self.ignore_index
         count = int(counted.sum())
         tokens = max(count, 1)
         last_positions = labels.numel() // max(target.shape[-1], 1) if self.causal else 0  # one per sequence
         every = count == labels.numel() - last_positions
-        if every and not bool(torch.isneginf(student).any()):
-            rows = self._token_losses(student, teacher, labels)  # no copies: the uncounted last positions weigh 0
+        if every and (top_k or not bool(torch.isneginf(student).any())):
+            rows = (self._exact_token_losses if top_k else self._token_losses)(student, teacher, labels)  # no copies
             loss = torch.where(counted, rows, 0.0).sum() / tokens
         else:  # the counted tokens copied out: padding's logits may be anything
-            loss = self._exact_token_losses(student[counted], teacher[counted], labels[counted]).sum() / tokens
+            kept = teacher.rows(counted) if top_k else teacher[counted]
+            loss = self._exact_token_losses(student[counted], kept, labels[counted]).sum() / tokens
         if self.hidden_layers:
             loss = loss + self.hidden_weight * self._hidden_loss(output, target, dtype)
         return loss
@@ -271,6 +295,8 @@ class Distillation:
 
     def _exact_token_losses(self, student, teacher, labels):
         """Each row's ``alpha T^2 KL + (1 - alpha) CE`` from :func:`kl_divergence` and ``cross_entropy``."""
+        if isinstance(teacher, TopKLogits):
+            return top_k_token_losses(student, teacher, labels, self.temperature, self.alpha, self.ignore_index)
         loss = student.new_zeros(student.shape[:-1])
         if self.alpha > 0 and self.temperature >= TEMPERED_FROM:
             loss = loss + self.alpha * tempered_kl_divergence(student, teacher, self.temperature)
@@ -412,7 +438,8 @@ class _Into(_Hook):
 class _Close(_Hook):
     def __call__(self, module, args, kwargs, output):
         student_hidden, self.handle._capture = self.handle._capture or {}, None
-        teacher_logits, teacher_hidden = self.handle.distillation.teacher_outputs(args, kwargs)
+        distillation = self.handle.distillation  # through its cache: the outputs of a batch seen before are kept
+        teacher_logits, teacher_hidden = distillation.cache.get_or_compute(distillation.teacher_outputs, args, kwargs)
         return DistillationOutput(output, teacher_logits, student_hidden, teacher_hidden)
 
 
