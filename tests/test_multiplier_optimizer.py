@@ -286,3 +286,30 @@ def test_a_linear_regression_with_an_adam_ascent_meets_its_target():
     run = train(SparseLinearRegression(10), x, y, epochs=6, batch_size=50, lr=0.05, seed=3, progress=False,
                 objective=Constrained(target_density=0.3, multiplier_optimizer=adam(0.1)))  # fmt: skip
     assert run.history[-1]["test_time_density"] <= 0.3 + 1e-9 and math.isfinite(run.history[-1]["train_loss"])
+
+
+# ---------------------------------------------------------------------------- CUDA graphs
+
+
+@pytest.mark.gpu
+def test_with_cuda_graphs_the_captured_step_reads_the_stepped_multipliers_and_a_resume_is_exact(cuda_device, tmp_path):
+    x, y = (t.to(cuda_device) for t in _data())
+    run = dict(batch_size=16, lr=0.05, seed=3, progress=False, device=cuda_device, cuda_graph=True)
+
+    def trained(objective, epochs, **kw):
+        trace = Trace()
+        result = train(_model(), x, y, objective=objective, epochs=epochs, callbacks=[trace], **run, **kw)
+        return result, trace
+
+    today, today_trace = trained(Constrained(target_density=0.3, multiplier_lr=ETA), 4)
+    ours, our_trace = trained(Constrained(target_density=0.3, multiplier_optimizer=sgd()), 4)
+    for a, b in zip(today_trace.multipliers, our_trace.multipliers, strict=True):
+        torch.testing.assert_close(a, b)  # the graphed step reads the tensor the optimiser stepped
+    objective = Constrained(target_density=0.3, multiplier_optimizer=adam())
+    straight, _ = trained(objective, 4)
+    path = str(tmp_path / "run.pt")
+    trained(objective, 2, checkpoint=path)
+    resumed, _ = trained(objective, 4, checkpoint=path, resume=True)
+    assert torch.equal(straight.multipliers, resumed.multipliers)
+    for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
