@@ -3,7 +3,7 @@ r"""A target architecture: the same sizes in every block, reached exactly (Shear
 :class:`TargetArchitecture` names the sizes a pruned transformer should have, in the words of a Hugging Face
 config: query heads and key-value heads per block, MLP units per block, and blocks. It is what
 :func:`~l0bayes.pruning.transformer.fix_architecture` fixes after the fact, and what
-``train(..., objective="constrained", target_architecture=...)`` trains towards: one constraint per block and size
+``train(..., objective=Constrained(target_architecture=...))`` trains towards: one constraint per block and size
 (the expected number of kept key-value groups, and of kept MLP units, under :math:`q`, at most the target) and one
 on the expected number of kept blocks; then a final phase that keeps exactly the top-ranked groups, units and
 blocks, so that :func:`~l0bayes.pruning.prune` returns a model of the target's sizes in every block.
