@@ -7,7 +7,8 @@
   what :func:`~l0bayes.inference.train` builds from its arguments;
 * :class:`ParameterAveraging` (:mod:`.averaging`), :class:`LogAlphaProjection` (:mod:`.projection`),
   :class:`ExpectedFlops` (:mod:`.records`),
-  :class:`TensorBoard` (:mod:`.tensorboard`) and :class:`EarlyStopping` (:mod:`.early_stopping`):
+  :class:`TensorBoard` (:mod:`.tensorboard`), :class:`EarlyStopping` and :class:`StopWhenFixed`
+  (:mod:`.early_stopping`):
   add them with ``train(..., callbacks=[...])``.
 """
 
@@ -15,7 +16,7 @@ from .averaging import ParameterAveraging
 from .base import Callback, CallbackList
 from .checkpointing import Checkpointing
 from .checks import FiniteParameters
-from .early_stopping import EarlyStopping
+from .early_stopping import EarlyStopping, StopWhenFixed
 from .progress import ProgressBar
 from .projection import LogAlphaProjection
 from .records import ExpectedFlops, History
@@ -34,5 +35,6 @@ __all__ = [
     "LogAlphaProjection",
     "ParameterAveraging",
     "ProgressBar",
+    "StopWhenFixed",
     "TensorBoard",
 ]

@@ -9,7 +9,7 @@ import torch
 from .base import Callback
 from .records import VALIDATION_METRICS
 
-__all__ = ["EarlyStopping"]
+__all__ = ["EarlyStopping", "StopWhenFixed"]
 
 #: Record entries that are never one number: a flag, the step sizes of the groups, counts per layer.
 NOT_NUMBERS = {
@@ -204,3 +204,28 @@ def _history_validation(run):
     if not histories:
         return None
     return any(h.validation_data is not None for h in histories)
+
+
+class StopWhenFixed(Callback):
+    """End training after the epoch in which the constrained objective has fixed every gate: with
+    ``Constrained(target_architecture=..., arrival="each")`` each block's size is fixed the step its constraint
+    arrives, and once all are the gated model is the pruned architecture, so the steps left are better spent on the
+    pruned model (:func:`~l0bayes.pruning.prune`, then training it on). The record of that epoch says so
+    (``stopped_early``). For a stop at the very step, give ``train`` one batch per epoch (e.g. ``epochs=steps`` over
+    an iterable that yields one batch per pass).
+
+    :raises ValueError: at the start of training, for an objective that never fixes its gates on its own (not
+        :class:`~l0bayes.inference.Constrained`).
+    """
+
+    def setup(self, run):
+        if not hasattr(run.objective, "all_fixed"):
+            raise ValueError(
+                f"StopWhenFixed waits for the constrained objective to fix its gates; the {run.objective.name!r} "
+                "objective never does: train with objective=Constrained(...)"
+            )
+
+    def on_epoch_end(self, run, record):
+        if run.objective.all_fixed:
+            record["stopped_early"] = True
+            run.stop = True

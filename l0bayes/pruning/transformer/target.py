@@ -74,6 +74,71 @@ class TargetArchitecture:
         except (TypeError, ValueError) as err:
             raise type(err)(f"{name}: {err}") from None
 
+    @classmethod
+    def share_of_blocks(cls, net, share, num_key_value_heads=None):
+        """The target that keeps ``share`` of the blocks' parameters, every block alike, by the MLP width: the
+        ``intermediate_size`` whose pruned model (with ``num_key_value_heads`` key-value groups per block, ``None``:
+        all of them, and every branch) keeps the number of block parameters nearest ``share`` of the dense blocks'
+        (ties: the narrower). Counted as :func:`~l0bayes.pruning.prune` removes them
+        (:class:`~l0bayes.pruning.transformer.TransformerSize`), so it holds for any family that
+        :func:`~l0bayes.pruning.sparsify_transformer` gates, e.g. half of every block of a Llama::
+
+            gated = sparsify_transformer(model, example_inputs=ids[:1])
+            goal = TargetArchitecture.share_of_blocks(gated, 0.5)
+            train(SparseModel(gated, loss), ids, ids, objective=Constrained(target_architecture=goal, arrival="each"))
+
+        :param net: a model of :func:`~l0bayes.pruning.sparsify_transformer` with MLP unit gates.
+        :param share: the fraction of the blocks' parameters to keep, in ``(0, 1]``.
+        :raises ValueError: when no width can keep that share (the attention alone is more) or the blocks have no unit
+            gates.
+        """
+        from ...nn.gates import gate_owners
+        from ..counting import count_parameters
+        from ..size import network_size
+
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ValueError(f"share must be a number in (0, 1], got {share!r}")
+        records = getattr(net, "_l0_transformer", None)
+        if records is None:
+            raise ValueError("share_of_blocks needs a model of sparsify_transformer")
+        blocks = [net.get_submodule(r.name) for r in records]
+        units = [getattr(b, "l0_units", None) for b in blocks]
+        if any(u is None for u in units):
+            raise ValueError("share_of_blocks sets the MLP width: the blocks need MLP unit gates (units=True)")
+        widths = {u.gate.num_gates for u in units}
+        if len(widths) != 1:
+            raise ValueError(f"share_of_blocks: the blocks have different MLP widths {sorted(widths)}")
+        size = network_size(net)
+        total = count_parameters(net)
+        in_blocks = sum(count_parameters(b) for b in blocks)
+        heads = {id(getattr(b, "l0_heads", None)) for b in blocks}
+        unit_holders = {id(u) for u in units}
+
+        def kept(width):  # the block parameters the pruned model keeps at this MLP width
+            values = {}
+            for layer, gate in gate_owners(net):
+                keep = torch.ones(gate.num_gates, dtype=torch.float64)
+                if id(layer) in unit_holders:
+                    keep[width:] = 0.0
+                elif id(layer) in heads and num_key_value_heads is not None:
+                    keep[num_key_value_heads:] = 0.0
+                values[id(layer)] = keep
+            return size.fraction_at(values, "parameters")[0] * total - (total - in_blocks)
+
+        goal = share * in_blocks
+        low, high = 1, widths.pop()
+        if kept(low) > goal:
+            raise ValueError(
+                f"share_of_blocks: one MLP unit per block already keeps {kept(low) / in_blocks:.3f} of the blocks' "
+                f"parameters, more than {share}: keep fewer key-value heads (num_key_value_heads)"
+            )
+        while high - low > 1:  # the widest width that keeps at most the goal, then the nearer of it and the next
+            mid = (low + high) // 2
+            low, high = (mid, high) if kept(mid) <= goal else (low, mid)
+        below, above = kept(low), kept(high)
+        width = high if above <= goal or above - goal < goal - below else low
+        return cls(num_key_value_heads=num_key_value_heads, intermediate_size=width)
+
     def as_dict(self):
         """The sizes named, as a ``dict``."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
