@@ -94,7 +94,7 @@ class TargetArchitecture:
         """
         from ...nn.gates import gate_owners
         from ..counting import count_parameters
-        from ..size import network_size
+        from .size import TransformerSize
 
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
             raise ValueError(f"share must be a number in (0, 1], got {share!r}")
@@ -108,7 +108,7 @@ class TargetArchitecture:
         widths = {u.gate.num_gates for u in units}
         if len(widths) != 1:
             raise ValueError(f"share_of_blocks: the blocks have different MLP widths {sorted(widths)}")
-        size = network_size(net)
+        size = TransformerSize(net)
         total = count_parameters(net)
         in_blocks = sum(count_parameters(b) for b in blocks)
         heads = {id(getattr(b, "l0_heads", None)) for b in blocks}
