@@ -1,7 +1,15 @@
 """Inference: the free energy of Eq. 21, training (a loop with callbacks), and data-parallel training under torchrun."""
 
 from .averaging import ParameterAverage
-from .callbacks import Callback, EarlyStopping, ExpectedFlops, LogAlphaProjection, ParameterAveraging, TensorBoard
+from .callbacks import (
+    Callback,
+    EarlyStopping,
+    ExpectedFlops,
+    LogAlphaProjection,
+    ParameterAveraging,
+    StopWhenFixed,
+    TensorBoard,
+)
 from .compiled import CompiledStep
 from .device import resolve_device
 from .distributed import DistributedConfig, DistributedError, is_main_process
@@ -33,6 +41,7 @@ __all__ = [
     "Callback",
     "EarlyStopping",
     "Run",
+    "StopWhenFixed",
     "TensorBoard",
     "fit",
     "CompiledStep",
