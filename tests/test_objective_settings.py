@@ -252,3 +252,13 @@ def test_expected_flops_refuses_a_shape_or_a_network_it_cannot_count():
     with pytest.raises(ValueError, match="FLOPs"):
         train(SparseLinearRegression(3), x, x[:, 0], objective="penalized", epochs=1, progress=False,
               callbacks=[ExpectedFlops((3,))])  # fmt: skip
+
+
+def test_the_settings_are_a_copy_of_the_targets_given():
+    targets = [0.3, 0.5]
+    tensor = torch.tensor([0.3, 0.5])
+    by_list = Constrained(target_density=targets, per_layer=True)
+    by_tensor = Constrained(target_density=tensor, per_layer=True)
+    targets[0], tensor[0] = 0.9, 0.9
+    assert by_list.target_density == (0.3, 0.5)
+    assert by_tensor.target_density.tolist() == pytest.approx([0.3, 0.5])

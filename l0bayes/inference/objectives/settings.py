@@ -207,7 +207,7 @@ class Constrained(ObjectiveSettings):
             )
         if input_shape is not None:
             input_shape = _shape(input_shape)
-        self.target_density, self.target_flops = target_density, target_flops
+        self.target_density, self.target_flops = _kept(target_density), _kept(target_flops)
         self.target_architecture = target_architecture
         self.per_layer, self.rank, self.dual_restarts = per_layer, rank, dual_restarts
         self.arrival = arrival if arrival is None or arrival == EACH else float(arrival)
@@ -273,6 +273,17 @@ def _fractions(target):
         if not target or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in target):
             raise TypeError(f"Constrained: a target must be a number or a list of numbers, got {target!r}")
         return np.asarray(target, dtype=np.float64)
+    return target
+
+
+def _kept(target):
+    """A target as the object keeps it: a copy the caller's later changes do not reach (a list as a tuple)."""
+    if isinstance(target, (list, tuple)):
+        return tuple(target)
+    if torch.is_tensor(target):
+        return target.detach().clone()
+    if isinstance(target, np.ndarray):
+        return target.copy()
     return target
 
 
