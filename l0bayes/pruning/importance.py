@@ -257,8 +257,10 @@ def init_from_importance(model, scores, objective):
     :math:`\log\alpha > t`), :math:`\epsilon` = :data:`MARGIN` and a shift :math:`c`,
 
     .. math::
-        \log\alpha_g = t + \epsilon + \operatorname{softplus}(c + r_g) \text{ (kept)}, \qquad
-        \log\alpha_g = t - \epsilon - \operatorname{softplus}(-(c + r_g)) \text{ (dropped)},
+        \log\alpha_g = t + \epsilon + \operatorname{softplus}(c + r_g) \quad \text{(kept)},
+
+    .. math::
+        \log\alpha_g = t - \epsilon - \operatorname{softplus}(-(c + r_g)) \quad \text{(dropped)},
 
     so far from the threshold :math:`\log\alpha_g \approx t + c + r_g`: the odds :math:`\alpha_g` are proportional
     to the normalised score. Every :math:`\log\alpha` grows with :math:`c`, and so does the expected size, from
