@@ -30,6 +30,7 @@ from ._atomic import atomic_write
 __all__ = [
     "CheckpointError",
     "CheckpointTypeError",
+    "cpu_copy",
     "load_checkpoint",
     "numpy_rng_state",
     "save_checkpoint",
@@ -210,3 +211,15 @@ def set_numpy_rng_state(state):
     name, keys, pos, has_gauss, cached = state
     keys = keys.numpy() if torch.is_tensor(keys) else np.asarray(keys)
     np.random.set_state((name, keys.astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+
+
+def cpu_copy(state):
+    """A copy of a state (tensors in nested dicts, lists and tuples) whose tensors are CPU copies: it stays as it is
+    while training goes on (the state kept for a later checkpoint, an optimiser's state to save)."""
+    if torch.is_tensor(state):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: cpu_copy(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(cpu_copy(v) for v in state)
+    return state

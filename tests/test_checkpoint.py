@@ -259,3 +259,16 @@ def test_a_tensor_whose_elements_share_memory_is_refused_and_views_load(tmp_path
     torch.save({"views": views}, path)
     loaded = load_checkpoint(path)["views"]
     assert all(torch.equal(loaded[k], v) for k, v in views.items())
+
+
+def test_cpu_copy_keeps_the_structure_and_shares_no_tensor():
+    from l0bayes.io import cpu_copy
+
+    t = torch.arange(3.0, requires_grad=True)
+    state = {"a": t, "b": [t * 2, (1, "x", None)], "c": 4}
+    copied = cpu_copy(state)
+    assert copied["c"] == 4 and copied["b"][1] == (1, "x", None) and isinstance(copied["b"], list)
+    assert torch.equal(copied["a"], t.detach()) and not copied["a"].requires_grad
+    with torch.no_grad():
+        t.add_(1.0)  # the original moves on; the copy stays
+    assert copied["a"].tolist() == [0.0, 1.0, 2.0] and copied["b"][0].tolist() == [0.0, 2.0, 4.0]

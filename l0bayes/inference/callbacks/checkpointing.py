@@ -1,8 +1,6 @@
 """Write a checkpoint after every epoch, and restore a run from one (bit for bit on the same machine)."""
 
-import torch
-
-from ...io import save_checkpoint
+from ...io import cpu_copy, save_checkpoint
 from ..resume import BEFORE_FINAL_PHASE
 from ..rng import rng_state, set_rng_state
 from .base import Callback, plain
@@ -43,7 +41,7 @@ class Checkpointing(Callback):
         if start is not None and run.epoch >= start and run.objective.final_phase_began is None:
             rank_rng = self._rank_rng()  # (every rank takes part)
             if run.is_main:
-                self.before_final = _cpu_copy(self.state(run, run.epoch, rank_rng))
+                self.before_final = cpu_copy(self.state(run, run.epoch, rank_rng))
 
     def on_epoch_end(self, run, record):
         rank_rng = self._rank_rng()
@@ -97,14 +95,3 @@ class Checkpointing(Callback):
         self.ddp.restore_rng(state, seed, set_rng_state)
         self.before_final = state.get(BEFORE_FINAL_PHASE)
         run.history, run.epoch = state["history"], int(state["epoch"])
-
-
-def _cpu_copy(state):
-    """A copy of a state whose tensors are CPU copies: it stays as it is while training goes on."""
-    if torch.is_tensor(state):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {k: _cpu_copy(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_cpu_copy(v) for v in state)
-    return state

@@ -9,6 +9,7 @@ violation :math:`d - \epsilon` (the derivative of the Lagrangian in :math:`\mu`)
 
 import torch
 
+from ...io import cpu_copy
 from ..optimizers import describe_optimizer
 
 __all__ = ["MultiplierOptimizer", "check_factory", "refuse_other_ascent"]
@@ -79,7 +80,7 @@ class MultiplierOptimizer:
 
     def state_dict(self):
         """The optimiser's state (CPU copies) and its description, for a checkpoint."""
-        return {"description": self.describe(), "state": _cpu_copy(self.optimizer.state_dict())}
+        return {"description": self.describe(), "state": cpu_copy(self.optimizer.state_dict())}
 
     def load_state_dict(self, state):
         """Restore :meth:`state_dict`; a checkpoint of another optimiser or other hyperparameters is refused."""
@@ -104,13 +105,3 @@ def refuse_other_ascent(saved, ascent):
         f"the checkpoint's multipliers were stepped by {theirs}, this run's by {ours}: its multiplier_optimizer "
         "must be the checkpoint's"
     )
-
-
-def _cpu_copy(state):
-    if torch.is_tensor(state):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {k: _cpu_copy(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_cpu_copy(v) for v in state)
-    return state
