@@ -132,3 +132,23 @@ def whole(value):
     if isinstance(value, numbers.Integral):
         return int(value)
     return int(math.floor(float(value)))
+
+
+def check_shape(owner, name, shape):
+    """``shape`` (one example's shape without the batch dimension: a whole number or a sequence of them, each
+    ``>= 1``) as a tuple of Python ints; a :class:`ValueError` naming ``owner`` and ``name`` otherwise (a
+    :class:`TypeError` for what is not a number or a sequence)."""
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape_values = (shape,)
+    else:
+        try:
+            shape_values = tuple(shape)
+        except TypeError:
+            raise TypeError(
+                f"{owner}: {name} must be a tuple of whole numbers >= 1, got {type(shape).__name__} {shape!r}"
+            ) from None
+    if not shape_values or not all(
+        isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in shape_values
+    ):
+        raise ValueError(f"{owner}: {name} must be a tuple of whole numbers >= 1, got {shape!r}")
+    return tuple(int(v) for v in shape_values)

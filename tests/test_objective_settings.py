@@ -262,3 +262,21 @@ def test_the_settings_are_a_copy_of_the_targets_given():
     targets[0], tensor[0] = 0.9, 0.9
     assert by_list.target_density == (0.3, 0.5)
     assert by_tensor.target_density.tolist() == pytest.approx([0.3, 0.5])
+
+
+BAD_SHAPES = [((0, 3), ValueError), ((), ValueError), ((2, True), ValueError), ((2.0, 3), ValueError),
+              (3.5, TypeError), (object(), TypeError)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("shape", "error"), BAD_SHAPES)
+def test_one_rule_checks_an_input_shape_wherever_it_is_given(shape, error):
+    from l0bayes.inference import ExpectedFlops
+
+    for make, owner in (
+        (lambda s: Constrained(target_flops=0.5, input_shape=s), "Constrained"),
+        (ExpectedFlops, "ExpectedFlops"),
+    ):
+        with pytest.raises(error, match=f"{owner}: input_shape must be a tuple of whole numbers >= 1"):
+            make(shape)
+    assert Constrained(target_flops=0.5, input_shape=np.int64(6)).input_shape == (6,)
+    assert ExpectedFlops([1, np.int64(8), 8]).input_shape == (1, 8, 8)

@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from ..._checks import check_shape
 from ...nn.gates import gates_of
 from ..batches import EVALUATION_BATCH, held_out_batches, random_state_kept
 from ..free_energy import FreeEnergy, free_energy
@@ -78,10 +79,7 @@ class ExpectedFlops(Callback):
     extends_records = True
 
     def __init__(self, input_shape):
-        values = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
-        if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
-            raise ValueError(f"ExpectedFlops: input_shape must be a tuple of whole numbers >= 1, got {input_shape!r}")
-        self.input_shape = tuple(values)
+        self.input_shape = check_shape("ExpectedFlops", "input_shape", input_shape)
 
     def setup(self, run):
         from ...pruning.size import network_size

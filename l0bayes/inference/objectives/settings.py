@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 import torch
 
-from ..._checks import FLAG, NON_NEGATIVE, NON_NEGATIVE_COUNT, Choice, Rule, check_args, whole
+from ..._checks import FLAG, NON_NEGATIVE, NON_NEGATIVE_COUNT, Choice, Rule, check_args, check_shape, whole
 from .bayes import BayesObjective
 from .constrained import DUAL_RESTARTS, MULTIPLIER_LR, MULTIPLIER_LR_PER_LR, ConstrainedObjective
 from .final_phase import EACH, FINAL_PHASE, RANK, RANKS, WAIT
@@ -206,7 +206,7 @@ class Constrained(ObjectiveSettings):
                 "multiplier_optimizer replaces (its optimiser's lr sets the step): give one of them"
             )
         if input_shape is not None:
-            input_shape = _shape(input_shape)
+            input_shape = check_shape("Constrained", "input_shape", input_shape)
         self.target_density, self.target_flops = _kept(target_density), _kept(target_flops)
         self.target_architecture = target_architecture
         self.per_layer, self.rank, self.dual_restarts = per_layer, rank, dual_restarts
@@ -313,13 +313,6 @@ def _check_arrival(arrival, target_architecture):
             )
         return
     Rule("a number >= 0, None or 'each'", lambda v: (v >= 0) & np.isfinite(v))("Constrained", "arrival", arrival)
-
-
-def _shape(shape):
-    values = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
-    if not values or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in values):
-        raise ValueError(f"Constrained: input_shape must be a tuple of whole numbers >= 1, got {shape!r}")
-    return tuple(int(v) for v in values)
 
 
 def _plain(settings):
