@@ -1048,3 +1048,64 @@ def test_train_loss_is_none_where_the_elbo_keeps_the_data_term_to_itself():
     assert result.history[-1]["train_loss"] is None
     result = _fit(SparseLinearRegression(3), x, y, objective="penalized")  # traced, term by term
     assert result.history[-1]["train_loss"] > 0
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_expected_flops_take_one_example_shape_and_record_the_pruned_count(examples):
+    """``ExpectedFlops(input_shape)``: a whole number or a sequence of them, each ``>= 1`` (anything else refused,
+    naming it); the records then hold the expected FLOPs of the network for that shape, in every full record only."""
+    from l0bayes.inference import ExpectedFlops
+    from l0bayes.pruning import expected_flops
+
+    @_profile(examples)
+    @given(
+        shape=st.one_of(
+            st.just((4,)), st.just(4), st.lists(st.integers(-1, 5), max_size=3).map(tuple), st.just(4.0),
+            st.just((True,)), st.just("4"),
+        ),
+        epochs=st.integers(1, 3),
+        every=st.integers(1, 3),
+    )  # fmt: skip
+    def prop(shape, epochs, every):
+        values = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else shape
+        valid = isinstance(values, tuple) and bool(values) and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values
+        )  # fmt: skip
+        if not valid:
+            with pytest.raises((TypeError, ValueError), match=r"^ExpectedFlops: input_shape must be a tuple"):
+                ExpectedFlops(shape)
+            return
+        if math.prod(values) != 4:  # a shape the network (which flattens its input) cannot take: refused first
+            with pytest.raises(ValueError, match=r"^L0Linear\(in_features=4, out_features=3\) got an input of"):
+                _fit(_classifier(), *_labelled(8), callbacks=[ExpectedFlops(shape)])
+            return
+        model = _classifier()
+        run = _fit(model, *_labelled(8), epochs=epochs, record_every=every, callbacks=[ExpectedFlops(shape)])
+        for record in run.history:
+            assert ("expected_flops" in record) == record["full_record"]
+        with torch.no_grad():
+            assert run.history[-1]["expected_flops"] == pytest.approx(float(expected_flops(model.net, values)))
+
+    prop()
+
+
+@pytest.mark.parametrize("examples", PROFILES)
+def test_stop_when_fixed_ends_the_run_after_the_epoch_that_fixed_the_gates(examples):
+    """``StopWhenFixed``: with the constrained objective's final phase from epoch ``E - ceil(f E)``, the run ends after
+    that epoch, whose record says ``stopped_early``; without a final phase it runs every epoch."""
+    from l0bayes.inference import StopWhenFixed
+
+    @_profile(examples)
+    @given(epochs=st.integers(1, 5), final_phase=st.sampled_from((0.0, 0.2, 0.5, 0.9)))
+    def prop(epochs, final_phase):
+        objective = Constrained(target_density=0.9, final_phase=final_phase)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            run = _fit(_classifier(), *_labelled(8), objective=objective, epochs=epochs, callbacks=[StopWhenFixed()])
+        if final_phase == 0.0:
+            assert len(run.history) == epochs and not any(r.get("stopped_early") for r in run.history)
+            return
+        start = epochs - math.ceil(final_phase * epochs)
+        assert len(run.history) == start + 1 and run.history[-1]["stopped_early"] is True
+
+    prop()
